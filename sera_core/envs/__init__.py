@@ -1,0 +1,1 @@
+"""Benchmark environments: TextCraft-Synth (``textcraft``)."""

@@ -1,0 +1,313 @@
+"""The TextCraft expert: an agent that plays tasks through the tools, in code cells.
+
+It never touches the environment's state directly. Each turn it writes a reply in the
+model's format (``<thought>...</thought><python>...</python>``), the env runs the cell
+in the sandbox, and the expert reads the *observation text* back (it parses the echoed
+``get_info`` / ``view_inventory`` values). Turn by turn:
+
+1. look: print the inventory and ``get_info`` the targets;
+2. explore: ``get_info`` the unknown ingredients, one recipe level per cell, until
+   every leaf is a base item;
+3. (``delegate`` mode, when below the depth cap) delegate: every direct ingredient of a
+   target whose crafting depth is at least ``min_delegate_depth`` is handed to a child
+   with ``launch_subagent`` (several at once with ``asyncio.gather``); the expert does
+   not explore those subtrees itself; then it views the inventory again;
+4. craft: an aggregated plan (:func:`plan_crafts`) over the recipes it has learned and
+   the items it may use (base items plus what it or its children made since its start),
+   ``crafts_per_cell`` crafts per cell, with the bookkeeping (units per craft, crafts,
+   ingredient totals) spelled out in the thought;
+5. finish with a message.
+
+If a craft fails or a child falls short, it looks at the inventory, explores what it
+skipped, and re-plans (at most ``max_replans`` times), then finishes anyway.
+
+:func:`solve_task` runs a whole task (root plus any children, each a fresh expert in a
+fresh context on the shared inventory), or replays the record's gold plan (``gold``).
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sera_core.envs.textcraft.env import TextCraftEnv
+from sera_core.envs.textcraft.planner import InfeasiblePlan, plan_crafts
+from sera_core.envs.textcraft.tasks import render_goal
+from sera_core.envs.textcraft.world import Recipe, RecipeBook
+
+MODES: tuple[str, ...] = ("flat", "delegate", "gold")
+
+
+@dataclass(frozen=True)
+class ExpertConfig:
+    """How the expert plays."""
+
+    mode: str = "flat"
+    """``flat`` (one agent), ``delegate`` (hand large sub-goals to children), ``gold``
+    (replay the record's gold plan; root only)."""
+    crafts_per_cell: int = 8
+    """Craft calls per code cell (the expert acts a few steps at a time)."""
+    min_delegate_depth: int = 2
+    """Delegate a target's direct ingredient when its crafting depth is at least this."""
+    max_replans: int = 2
+    """Re-plans after a failed craft or a short child before giving up."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.crafts_per_cell < 1 or self.min_delegate_depth < 1 or self.max_replans < 0:
+            raise ValueError("crafts_per_cell and min_delegate_depth must be >= 1, max_replans >= 0")
+
+
+def _reply(thought: str, code: str) -> str:
+    return f"<thought>{thought}</thought>\n<python>\n{code}\n</python>"
+
+
+def _last_value(observation: str) -> Any:
+    """The echoed value on the observation's last line (a Python literal)."""
+    lines = [ln for ln in observation.strip().splitlines() if ln.strip()]
+    if not lines:
+        raise ValueError("empty observation")
+    return ast.literal_eval(lines[-1])
+
+
+class TextCraftExpert:
+    """One agent's expert policy: call :meth:`act` with the last observation."""
+
+    def __init__(self, cfg: ExpertConfig, targets: Mapping[str, int], *, can_delegate: bool):
+        self.cfg = cfg
+        self.targets = dict(targets)
+        self.delegating = cfg.mode == "delegate" and can_delegate
+        self.recipes: dict[str, Recipe] = {}
+        self.depths: dict[str, int] = {}
+        self.base: set[str] = set()
+        self.start: dict[str, int] | None = None
+        self.inventory: dict[str, int] = {}
+        self.delegated: dict[str, int] = {}
+        """Direct ingredients handed to children (their subtrees are not explored)."""
+        self.queue: list[dict] = []
+        self.replans = 0
+        self.phase = "look"
+        """What the last reply asked for: look, looked, explore(d), delegated, recheck(ed),
+        plan, craft(ed), done, finished."""
+        self.failure: str | None = None
+
+    # -- the turn loop -------------------------------------------------------------
+    def act(self, observation: str | None) -> str:
+        """The next reply, given what the previous cell printed (None on turn one)."""
+        try:
+            self._read(observation)
+            return self._next()
+        except (ValueError, SyntaxError, KeyError, TypeError) as exc:  # unexpected observation
+            self.failure = f"could not read the observation ({type(exc).__name__}: {exc})"
+            self.phase = "done"
+            return self._finish_reply()
+
+    def _read(self, observation: str | None) -> None:
+        """Update what the expert knows from the output of the cell it wrote last."""
+        if self.phase in ("looked", "explored"):
+            if self.phase == "looked":
+                self.inventory = ast.literal_eval(observation.strip().splitlines()[0])
+                self.start = dict(self.inventory)
+            self._learn(_last_value(observation))
+            self.phase = "explore"
+        elif self.phase == "delegated":  # the children's reports; see what they left
+            self.phase = "recheck"
+        elif self.phase == "rechecked":
+            self.inventory = _last_value(observation)
+            self.phase = "explore"
+        elif self.phase == "crafted":
+            bad = [ln for ln in observation.splitlines() if ln.strip() and not ln.startswith("Crafted")]
+            if bad and self.replans < self.cfg.max_replans:
+                self.replans += 1
+                self.queue, self.phase = [], "recheck"
+            elif bad:
+                self.failure, self.phase = bad[0], "done"
+            else:
+                self.phase = "craft" if self.queue else "done"
+
+    def _learn(self, infos: list[dict]) -> None:
+        for info in infos:
+            item = info["item"]
+            if info.get("error"):
+                raise ValueError(info["error"])
+            self.depths[item] = info["crafting_depth"]
+            if info["is_base"]:
+                self.base.add(item)
+            elif info["recipes"]:
+                r = info["recipes"][0]
+                self.recipes[item] = Recipe(item, tuple(r["ingredients"].items()), int(r["result_count"]))
+
+    def _unknown(self) -> list[str]:
+        """Ingredients not yet looked up, outside the delegated subtrees."""
+        seen, out = set(), []
+        for item, recipe in self.recipes.items():
+            if item in self.delegated:
+                continue
+            for name, _ in recipe.ingredients:
+                if name not in self.depths and name not in seen:
+                    seen.add(name)
+                    out.append(name)
+        return out
+
+    def _next(self) -> str:
+        if self.phase == "look":
+            self.phase = "looked"
+            return _reply(
+                f"My goal: {render_goal(self.targets)}. First I check the inventory and the target recipes.",
+                f"print(view_inventory())\nget_info({list(self.targets)!r})",
+            )
+        if self.phase == "explore":
+            if self.delegating and self.depths.keys() >= self._direct_ingredients().keys():
+                self.delegating = False  # decide once
+                self.delegated = self._delegation_plan()
+                if self.delegated:
+                    return self._delegate_reply()
+            unknown = self._unknown()
+            if unknown:
+                self.phase = "explored"
+                return _reply(f"I still need the recipes of {len(unknown)} ingredient(s).", f"get_info({unknown!r})")
+            self.phase = "plan"
+        if self.phase == "recheck":
+            self.phase = "rechecked"
+            return _reply("Let me check what the inventory holds now.", "view_inventory()")
+        if self.phase == "plan":
+            return self._plan_and_craft()
+        if self.phase == "craft":
+            return self._craft_reply()
+        return self._finish_reply()
+
+    # -- delegation ------------------------------------------------------------------
+    def _direct_ingredients(self) -> dict[str, int]:
+        """Units of each direct ingredient the targets need (by their recipes)."""
+        need: dict[str, int] = {}
+        for target, count in self.targets.items():
+            recipe = self.recipes[target]
+            crafts = -(-count // recipe.result_count)
+            for name, amount in recipe.ingredients:
+                need[name] = need.get(name, 0) + crafts * amount
+        return need
+
+    def _delegation_plan(self) -> dict[str, int]:
+        return {
+            name: units for name, units in self._direct_ingredients().items()
+            if name not in self.base and (self.depths.get(name) or 0) >= self.cfg.min_delegate_depth
+        }
+
+    def _delegate_reply(self) -> str:
+        self.phase = "delegated"
+        goal = render_goal(self.targets)
+        calls = [f"launch_subagent({{{name!r}: {units}}}, context={f'Needed for: {goal}'!r})"
+                 for name, units in self.delegated.items()]
+        lines = ", ".join(f"{u}x {n} (depth {self.depths[n]})" for n, u in self.delegated.items())
+        thought = f"These ingredients are deep sub-goals, so I delegate them: {lines}."
+        if len(calls) == 1:
+            return _reply(thought, f"print(await {calls[0]})")
+        code = "import asyncio\nresults = await asyncio.gather(\n" + "".join(f"    {c},\n" for c in calls) + ")\nfor r in results:\n    print(r)"
+        return _reply(thought, code)
+
+    # -- planning and crafting ----------------------------------------------------------
+    def _usable(self) -> dict[str, int]:
+        """Items this agent may consume: base items, plus what was made since its start."""
+        start = self.start or {}
+        return {k: (v if k in self.base else v - start.get(k, 0)) for k, v in self.inventory.items()
+                if k in self.base or v > start.get(k, 0)}
+
+    def _plan_and_craft(self) -> str:
+        book_recipes = {k: r for k, r in self.recipes.items() if k not in self.delegated or k in self.targets}
+        frontier = set(self.base) | {n for r in book_recipes.values() for n, _ in r.ingredients if n not in book_recipes}
+        try:
+            book = RecipeBook(recipes=book_recipes, base_items=tuple(sorted(frontier)))
+            self.queue = plan_crafts(book, self.targets, self._usable())
+        except InfeasiblePlan as exc:
+            short_delegated = [k for k in exc.shortfall if k in self.delegated]
+            if short_delegated and self.replans < self.cfg.max_replans:
+                self.replans += 1  # a child fell short: explore its subtree and make it myself
+                for k in short_delegated:
+                    del self.delegated[k]
+                self.phase = "explore"
+                return self._next()
+            self.failure = str(exc)
+            self.phase = "done"
+            return self._finish_reply()
+        if not self.queue:
+            self.phase = "done"
+            return self._finish_reply()
+        return self._craft_reply()
+
+    def _craft_reply(self) -> str:
+        chunk, self.queue = self.queue[: self.cfg.crafts_per_cell], self.queue[self.cfg.crafts_per_cell:]
+        self.phase = "crafted"
+        notes, code = [], []
+        for step in chunk:
+            item, crafts = step["target"]
+            per = step["result_count"] // crafts
+            uses = ", ".join(f"{v}x {k}" for k, v in step["ingredients"].items())
+            notes.append(f"{item}: {per} per craft, {crafts} craft(s) -> {step['result_count']}, using {uses}.")
+            code.append(f"print(craft({step['ingredients']!r}, ({item!r}, {step['result_count']})))")
+        left = f" {len(self.queue)} craft step(s) left after this." if self.queue else " This is the last batch."
+        return _reply(" ".join(notes) + left, "\n".join(code))
+
+    def _finish_reply(self) -> str:
+        self.phase = "finished"
+        goal = ", ".join(f"{n}x {t}" for t, n in self.targets.items())
+        message = f"Could not complete {goal}: {self.failure}" if self.failure else f"Crafted {goal}."
+        return _reply("Done; reporting back." if not self.failure else "I cannot finish the goal; reporting why.",
+                      f"finish({message!r})")
+
+
+async def run_expert_agent(env: TextCraftEnv, cfg: ExpertConfig) -> None:
+    """Play ``env`` to the end with a fresh expert (its children via the env's hook)."""
+    expert = TextCraftExpert(cfg, env.targets, can_delegate=env.can_delegate)
+    observation: str | None = None
+    while not env.done:
+        result = await env.astep(expert.act(observation))
+        observation = result.observation
+
+
+def expert_subagent_hook(cfg: ExpertConfig):
+    """A ``launch_subagent`` hook that runs each child as a fresh expert agent."""
+
+    async def hook(parent: TextCraftEnv, targets: dict[str, int], context: str) -> str:
+        child = parent.spawn_child(targets, context)
+        await run_expert_agent(child, cfg)
+        return child.result_text()
+
+    return hook
+
+
+def replay_gold(env: TextCraftEnv, steps: list[dict], per_cell: int = 25) -> None:
+    """Replay a gold plan through the sandbox, ``per_cell`` crafts per cell, then finish."""
+    for i in range(0, len(steps), per_cell):
+        code = "\n".join(
+            f"print(craft({s['ingredients']!r}, ({s['target'][0]!r}, {s['result_count']})))" for s in steps[i:i + per_cell]
+        )
+        env.step(_reply(f"Gold steps {i}..{min(i + per_cell, len(steps)) - 1}.", code))
+    env.step(_reply("Gold plan replayed.", "finish('gold plan replayed')"))
+
+
+def solve_task(record: Mapping[str, Any], book: RecipeBook, cfg: ExpertConfig, **env_kwargs: Any) -> dict[str, Any]:
+    """Solve one task record; return a result row (id, difficulty, passed, steps, ...)."""
+    t0 = time.perf_counter()
+    env = TextCraftEnv.from_task(record, book, subagent_hook=expert_subagent_hook(cfg), **env_kwargs)
+    if cfg.mode == "gold":
+        replay_gold(env, record["misc"]["gold_trajectory"])
+    else:
+        asyncio.run(run_expert_agent(env, cfg))
+    agents = list(env.walk())
+    verdict = env.check()
+    return {
+        "id": record.get("id"),
+        "difficulty": record["misc"].get("difficulty"),
+        "passed": verdict.passed,
+        "reason": verdict.reason,
+        "root_steps": env.state.steps,
+        "agents": len(agents),
+        "total_steps": sum(a.state.steps for a in agents),
+        "crafts": env.world.crafts,
+        "seconds": round(time.perf_counter() - t0, 4),
+    }

@@ -1,0 +1,56 @@
+"""JSON lines I/O with atomic writes.
+
+Records are written compactly (``json.dumps`` default separators, keys in insertion
+order) so that the same records always produce the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+
+def write_jsonl(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> int:
+    """Write ``records`` one per line to ``path`` atomically; return how many.
+
+    The file is written to a temporary sibling and renamed into place, so a reader
+    never sees a half-written file and an interrupted write leaves the old one.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    count = 0
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+            for rec in records:
+                fh.write(json.dumps(rec))
+                fh.write("\n")
+                count += 1
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return count
+
+
+def read_jsonl(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
+    """Yield the JSON object on each non-empty line of ``path``.
+
+    Raises ``ValueError`` naming the file and line when a line is not a JSON object.
+    """
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+            if not isinstance(obj, dict):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+            yield obj
