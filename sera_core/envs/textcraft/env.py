@@ -87,6 +87,9 @@ class AgentState:
     finished: bool = False
     finish_message: str | None = None
     context: str = ""
+    verdict: dict[str, Any] | None = None
+    """The checker's verdict frozen when the episode ended (finish or out of steps):
+    a child's label is its net gain *then*, before its parent consumes its products."""
 
 
 @dataclass(frozen=True)
@@ -228,10 +231,12 @@ class TextCraftEnv:
         return extract_code(reply)
 
     def _end_step(self, cell: CellResult | None) -> StepResult:
+        if self.done and self.state.verdict is None:
+            self.state.verdict = asdict(self.check())
         if cell is None:
             obs = "Error: no <python>...</python> block found. Reply with <thought>...</thought> then <python>...</python>."
         else:
-            obs = cell.observation if cell.observation.strip() else "(no output)"
+            obs = cell.observation.rstrip("\n") or "(no output)"
         return StepResult(obs, self.done, cell)
 
     # -- tools ---------------------------------------------------------------------------

@@ -55,16 +55,24 @@ class ExpertConfig:
     """Delegate a target's direct ingredient when its crafting depth is at least this."""
     max_replans: int = 2
     """Re-plans after a failed craft or a short child before giving up."""
+    max_info_per_cell: int = 40
+    """Items looked up per ``get_info`` cell (keeps each observation well under the output cap)."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if self.crafts_per_cell < 1 or self.min_delegate_depth < 1 or self.max_replans < 0:
-            raise ValueError("crafts_per_cell and min_delegate_depth must be >= 1, max_replans >= 0")
+        if min(self.crafts_per_cell, self.min_delegate_depth, self.max_info_per_cell) < 1 or self.max_replans < 0:
+            raise ValueError("crafts_per_cell, min_delegate_depth, max_info_per_cell must be >= 1; max_replans >= 0")
 
 
 def _reply(thought: str, code: str) -> str:
     return f"<thought>{thought}</thought>\n<python>\n{code}\n</python>"
+
+
+def _info_code(items: list[str]) -> str:
+    """A cell that prints one compact ``(item, is_base, depth, recipes)`` line per item."""
+    return (f"for info in get_info({items!r}):\n"
+            "    print((info['item'], info['is_base'], info['crafting_depth'], info['recipes']))")
 
 
 def _last_value(observation: str) -> Any:
@@ -113,7 +121,7 @@ class TextCraftExpert:
             if self.phase == "looked":
                 self.inventory = ast.literal_eval(observation.strip().splitlines()[0])
                 self.start = dict(self.inventory)
-            self._learn(_last_value(observation))
+            self._learn(observation.strip().splitlines()[1 if self.phase == "looked" else 0:])
             self.phase = "explore"
         elif self.phase == "delegated":  # the children's reports; see what they left
             self.phase = "recheck"
@@ -130,17 +138,17 @@ class TextCraftExpert:
             else:
                 self.phase = "craft" if self.queue else "done"
 
-    def _learn(self, infos: list[dict]) -> None:
-        for info in infos:
-            item = info["item"]
-            if info.get("error"):
-                raise ValueError(info["error"])
-            self.depths[item] = info["crafting_depth"]
-            if info["is_base"]:
+    def _learn(self, lines: list[str]) -> None:
+        """Read ``(item, is_base, crafting_depth, recipes)`` lines printed by :func:`_info_code`."""
+        for line in lines:
+            item, is_base, depth, recipes = ast.literal_eval(line)
+            if depth is None:
+                raise ValueError(f"unknown item {item!r}")
+            self.depths[item] = depth
+            if is_base:
                 self.base.add(item)
-            elif info["recipes"]:
-                r = info["recipes"][0]
-                self.recipes[item] = Recipe(item, tuple(r["ingredients"].items()), int(r["result_count"]))
+            elif recipes:
+                self.recipes[item] = Recipe(item, tuple(recipes[0]["ingredients"].items()), int(recipes[0]["result_count"]))
 
     def _unknown(self) -> list[str]:
         """Ingredients not yet looked up, outside the delegated subtrees."""
@@ -159,7 +167,7 @@ class TextCraftExpert:
             self.phase = "looked"
             return _reply(
                 f"My goal: {render_goal(self.targets)}. First I check the inventory and the target recipes.",
-                f"print(view_inventory())\nget_info({list(self.targets)!r})",
+                "print(view_inventory())\n" + _info_code(list(self.targets)),
             )
         if self.phase == "explore":
             if self.delegating and self.depths.keys() >= self._direct_ingredients().keys():
@@ -167,10 +175,10 @@ class TextCraftExpert:
                 self.delegated = self._delegation_plan()
                 if self.delegated:
                     return self._delegate_reply()
-            unknown = self._unknown()
+            unknown = self._unknown()[: self.cfg.max_info_per_cell]
             if unknown:
                 self.phase = "explored"
-                return _reply(f"I still need the recipes of {len(unknown)} ingredient(s).", f"get_info({unknown!r})")
+                return _reply(f"I still need the recipes of {len(unknown)} ingredient(s).", _info_code(unknown))
             self.phase = "plan"
         if self.phase == "recheck":
             self.phase = "rechecked"
@@ -291,13 +299,21 @@ def replay_gold(env: TextCraftEnv, steps: list[dict], per_cell: int = 25) -> Non
 
 
 def solve_task(record: Mapping[str, Any], book: RecipeBook, cfg: ExpertConfig, **env_kwargs: Any) -> dict[str, Any]:
-    """Solve one task record; return a result row (id, difficulty, passed, steps, ...)."""
+    """Solve one task record; return a result row (id, difficulty, passed, steps, ...).
+
+    Synchronous wrapper of :func:`asolve_task` (inside a running event loop, e.g. a
+    notebook, ``await asolve_task(...)`` instead)."""
+    return asyncio.run(asolve_task(record, book, cfg, **env_kwargs))
+
+
+async def asolve_task(record: Mapping[str, Any], book: RecipeBook, cfg: ExpertConfig, **env_kwargs: Any) -> dict[str, Any]:
+    """Solve one task record with the expert (or replay its gold plan); see :func:`solve_task`."""
     t0 = time.perf_counter()
     env = TextCraftEnv.from_task(record, book, subagent_hook=expert_subagent_hook(cfg), **env_kwargs)
     if cfg.mode == "gold":
         replay_gold(env, record["misc"]["gold_trajectory"])
     else:
-        asyncio.run(run_expert_agent(env, cfg))
+        await run_expert_agent(env, cfg)
     agents = list(env.walk())
     verdict = env.check()
     return {

@@ -1,0 +1,86 @@
+"""The ``sera`` command end to end (real subprocesses, real files)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sera_core.cli import main
+
+SERA = [sys.executable, "-m", "sera_core"]
+
+
+def run(args, env=None, check=True):
+    out = subprocess.run(SERA + args, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    if check:
+        assert out.returncode == 0, out.stderr + out.stdout
+    return out, json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_tasks_is_byte_identical_across_runs_and_hash_seeds(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    _, summary = run(["tasks", "--env", "textcraft", "--split", "val", "--out", str(a)], env={"PYTHONHASHSEED": "1"})
+    run(["tasks", "--env", "textcraft", "--split", "val", "--out", str(b)], env={"PYTHONHASHSEED": "987"})
+    assert a.read_bytes() == b.read_bytes()
+    assert summary["command"] == "tasks" and summary["tasks"] == 632
+    assert {d: s["tasks"] for d, s in summary["by_difficulty"].items()} == {"easy": 147, "medium": 213, "hard": 136, "extreme": 136}
+    assert len(a.read_text().splitlines()) == 632
+
+
+def test_solve_ends_with_a_json_summary(tmp_path, capsys):
+    tasks = tmp_path / "val.jsonl"
+    assert main(["tasks", "--split", "val", "--limit", "12", "--out", str(tasks)]) == 0
+    capsys.readouterr()
+    rows = tmp_path / "rows.jsonl"
+    assert main(["solve", "--env", "textcraft", "--tasks", str(tasks), "--mode", "delegate", "--out", str(rows)]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["command"] == "solve" and summary["tasks"] == 12 and summary["passed"] == 12
+    assert sum(v["tasks"] for v in summary["by_difficulty"].values()) == 12
+    assert summary["agents"] > 12  # delegate mode spawned children
+    assert len(rows.read_text().splitlines()) == 12
+
+
+def test_solve_official_samples_report_pass(official_dir):
+    sample = official_dir / "textcraft_synth_val_sample.jsonl"
+    _, summary = run(["solve", "--env", "textcraft", "--tasks", str(sample), "--format", "official"])
+    n = len(sample.read_text().splitlines())
+    assert summary["mode"] == "gold" and summary["tasks"] == n and summary["passed"] == n
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "no such task file"),
+    ("{not json}\n", "not valid JSON"),
+    ('{"goal": "x"}\n', "no 'misc'"),
+])
+def test_bad_input_gives_a_clear_error(tmp_path, capsys, content, message):
+    path = tmp_path / "tasks.jsonl"
+    if content is not None:
+        path.write_text(content)
+    assert main(["solve", "--tasks", str(path)]) == 2
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last["command"] == "solve" and message in last["error"]
+
+
+def test_bad_arguments_end_with_json(capsys):
+    assert main(["tasks", "--split", "nope", "--out", "x"]) == 2
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"] == "invalid arguments"
+
+
+def test_world_export_loads_back(tmp_path):
+    from sera_core.envs.textcraft.world import RecipeBook, generate_world
+
+    out, summary = run(["world", "--out", str(tmp_path / "w.json")])
+    assert summary["items"] == 1550 and summary["base"] == 50
+    assert RecipeBook.load(tmp_path / "w.json").to_json() == generate_world().to_json()
+
+
+def test_console_script_is_installed():
+    exe = Path(sys.executable).parent / "sera"
+    assert exe.exists()
+    out = subprocess.run([str(exe), "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.startswith("sera ")
