@@ -26,7 +26,7 @@ demo: setup  ## Main job on the embedded default: generate val tasks and solve t
 
 test: setup  ## Run the tests: pytest, then every notebook with nbval
 	$(BIN)/python -m pytest tests
-	$(BIN)/python -m pytest --nbval-lax notebooks
+	SERA_SMOKE=1 $(BIN)/python -m pytest --nbval-lax notebooks
 
 bench: setup  ## Benchmarks (numbers go to docs/benchmarks.md)
 	$(BIN)/python scripts/bench_textcraft.py

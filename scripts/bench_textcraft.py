@@ -20,6 +20,7 @@ import time
 
 from sera_core.envs.textcraft.env import TextCraftEnv
 from sera_core.envs.textcraft.expert import ExpertConfig, solve_task
+from sera_core.envs.textcraft.sandbox import _prepare
 from sera_core.envs.textcraft.tasks import DIFFICULTIES, TaskConfig, generate_split, world_for
 
 CELL = "inv = view_inventory()\nprint(craft({'raw_a1': 2}, ('a1_i1', 3)))\nprint(get_info(['a1_i1'])[0]['in_inventory'])\ninv"
@@ -85,13 +86,15 @@ def bench_expert(records: list[dict], per_difficulty: int) -> list[dict]:
         cfg = ExpertConfig(mode=mode)
         for d in DIFFICULTIES:
             chosen = [r for r in records if r["misc"]["difficulty"] == d][:per_difficulty]
+            _prepare.cache_clear()
             t = time.perf_counter()
             results = [solve_task(r, book, cfg) for r in chosen]
             seconds = time.perf_counter() - t
             steps = sum(r["total_steps"] for r in results)
             rows.append({"mode": mode, "difficulty": d, "tasks": len(results), "passed": sum(r["passed"] for r in results),
                          "steps_per_task": round(steps / len(results), 1), "agents_per_task": round(sum(r["agents"] for r in results) / len(results), 1),
-                         "steps_per_s": round(steps / seconds), "ms_per_task": round(seconds / len(results) * 1e3, 1)})
+                         "steps_per_s": round(steps / seconds), "ms_per_task": round(seconds / len(results) * 1e3, 1),
+                         "cache_hits": round(_prepare.cache_info().hits / steps, 2)})
     return rows
 
 
@@ -107,11 +110,11 @@ def main() -> None:
     print("cells:", json.dumps(cells))
     fork = bench_fork(records, args.forks)
     print("fork:", json.dumps(fork))
-    print("| mode | difficulty | tasks | passed | steps/task | agents/task | steps/s | ms/task |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| mode | difficulty | tasks | passed | steps/task | agents/task | steps/s | ms/task | cell cache hits |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in bench_expert(records, args.tasks):
         print(f"| {r['mode']} | {r['difficulty']} | {r['tasks']} | {r['passed']} | {r['steps_per_task']} | "
-              f"{r['agents_per_task']} | {r['steps_per_s']} | {r['ms_per_task']} |")
+              f"{r['agents_per_task']} | {r['steps_per_s']} | {r['ms_per_task']} | {r['cache_hits']:.0%} |")
 
 
 if __name__ == "__main__":

@@ -233,3 +233,14 @@ def test_memory_window_restores_rlimit() -> None:
     assert resource.getrlimit(resource.RLIMIT_AS) == before
     big = bytearray(50 * 2**20)  # the host can allocate again
     assert len(big) == 50 * 2**20
+
+
+def test_echo_of_functions_and_coroutines_has_no_memory_address():
+    async def launch():  # pragma: no cover - never awaited here
+        return 1
+
+    ex = SandboxExecutor({"view": lambda: {}, "launch": launch})
+    assert ex.run("view").output == "<function view>"
+    result = ex.run("launch()")
+    assert result.output == "<coroutine launch>" and result.error_kind == "unawaited"
+    assert ex.run("(x for x in [1])").output == "<generator <genexpr>>"

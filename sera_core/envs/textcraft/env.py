@@ -91,6 +91,16 @@ class AgentState:
     """The checker's verdict frozen when the episode ended (finish or out of steps):
     a child's label is its net gain *then*, before its parent consumes its products."""
 
+    def to_dict(self) -> dict[str, Any]:
+        """A plain-data copy (dicts copied, so later changes do not leak into it)."""
+        return {**vars(self), "targets": dict(self.targets), "start_inventory": dict(self.start_inventory),
+                "verdict": copy.deepcopy(self.verdict)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AgentState:
+        return cls(**{**data, "targets": dict(data["targets"]), "start_inventory": dict(data["start_inventory"]),
+                      "verdict": copy.deepcopy(data.get("verdict"))})
+
 
 @dataclass(frozen=True)
 class CheckResult:
@@ -366,12 +376,12 @@ class TextCraftEnv:
     # -- snapshot / fork / commit --------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         """Plain-data copy of the world and this agent's state."""
-        return {"world": self.world.snapshot(), "agent": copy.deepcopy(asdict(self.state))}
+        return {"world": self.world.snapshot(), "agent": self.state.to_dict()}
 
     def restore(self, snap: Mapping[str, Any]) -> None:
         """Restore world (in place) and agent state from :meth:`snapshot`."""
         self.world.restore(snap["world"])
-        self.state = AgentState(**copy.deepcopy(dict(snap["agent"])))
+        self.state = AgentState.from_dict(snap["agent"])
 
     def fork(self) -> TextCraftEnv:
         """An independent copy: same book and settings, a deep copy of world and agent."""
@@ -379,7 +389,7 @@ class TextCraftEnv:
             self.book, self.world.fork(), self.state.targets, max_depth=self.max_depth,
             child_max_steps=self.child_max_steps, subagent_hook=self.subagent_hook, limits=self.limits,
         )
-        branch.state = AgentState(**copy.deepcopy(asdict(self.state)))
+        branch.state = AgentState.from_dict(self.state.to_dict())
         return branch
 
     def commit(self, branch: TextCraftEnv) -> None:

@@ -690,7 +690,7 @@ class SandboxExecutor:
             if value is not None:
                 if self._out and not self._out[-1].endswith("\n"):
                     write("\n")
-                write(repr(value))
+                write(_stable_repr(value))
 
         def too_large(what: str, unit: str) -> MemoryError:
             limit = max_bits if unit == "bits" else max_len
@@ -816,6 +816,16 @@ class SandboxExecutor:
             _AUG_GUARDS[ast.Pow]: ipower,
             _AUG_GUARDS[ast.LShift]: ilshift,
         }
+
+
+def _stable_repr(value: Any) -> str:
+    """``repr`` for echoes, without memory addresses for functions and coroutines
+    (so transcripts are identical from run to run)."""
+    if isinstance(value, (types.FunctionType, types.BuiltinFunctionType)):
+        return f"<function {value.__name__}>"
+    if inspect.iscoroutine(value) or inspect.isgenerator(value):
+        return f"<{type(value).__name__} {value.__name__}>"
+    return repr(value)
 
 
 def _where(tb: types.TracebackType | None) -> str:
