@@ -57,7 +57,7 @@ def cmd_tasks(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_solve(args: argparse.Namespace) -> dict[str, Any]:
     from sera_core.envs.textcraft.expert import ExpertConfig, solve_task
     from sera_core.envs.textcraft.tasks import book_for_record, validate_record
-    from sera_core.utils.jsonio import read_jsonl, write_jsonl
+    from sera_core.utils.jsonio import JsonlCheckpoint, read_jsonl
 
     official = args.format == "official"
     mode = args.mode or ("gold" if official else "flat")
@@ -75,13 +75,27 @@ def cmd_solve(args: argparse.Namespace) -> dict[str, Any]:
             validate_record(rec, f"{args.tasks}:{i + 1}")
         except ValueError as exc:
             raise CommandError(str(exc)) from None
-    rows = []
+    ids = [rec.get("id", i) for i, rec in enumerate(records)]
+    if len(set(ids)) != len(ids):
+        raise CommandError(f"{args.tasks}: task ids are not unique")
+    checkpoint = JsonlCheckpoint(args.out) if args.out else None
+    done = checkpoint.records if checkpoint is not None else {}
+    other_modes = {r.get("mode") for r in done.values()} - {mode}
+    if other_modes:
+        raise CommandError(f"{args.out} holds results of mode {sorted(map(str, other_modes))}; use another --out")
+    resumed = sum(1 for i in ids if i in done)
     t0 = time.perf_counter()
-    for rec in tqdm(records, desc=f"solve ({mode})", unit="task", file=sys.stderr, mininterval=1.0):
-        rows.append(solve_task(rec, book_for_record(rec, official=official), cfg))
+    for task_id, rec in tqdm(list(zip(ids, records)), desc=f"solve ({mode})", unit="task", file=sys.stderr,
+                             mininterval=1.0):
+        if task_id in done:
+            continue
+        row = {**solve_task(rec, book_for_record(rec, official=official), cfg), "id": task_id}
+        if checkpoint is not None:
+            checkpoint.add(row)
+        else:
+            done[task_id] = row
     seconds = time.perf_counter() - t0
-    if args.out:
-        write_jsonl(args.out, rows)
+    rows = [done[i] for i in ids]
     by: dict[str, Counter] = {}
     for row in rows:
         c = by.setdefault(str(row["difficulty"]), Counter())
@@ -96,7 +110,7 @@ def cmd_solve(args: argparse.Namespace) -> dict[str, Any]:
         "success_rate": round(passed / len(rows), 4) if rows else 0.0,
         "by_difficulty": {d: {**c, "success_rate": round(c["passed"] / c["tasks"], 4)} for d, c in sorted(by.items())},
         "agents": sum(r["agents"] for r in rows), "steps": sum(r["total_steps"] for r in rows),
-        "seconds": round(seconds, 2),
+        "resumed": resumed, "seconds": round(seconds, 2),
     }
 
 
@@ -135,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=["flat", "delegate", "gold"],
                    help="expert mode (default: gold for --format official, else flat)")
     p.add_argument("--limit", type=int, help="solve only the first N tasks")
-    p.add_argument("--out", type=Path, help="write one result row per task (JSONL)")
+    p.add_argument("--out", type=Path,
+                   help="result rows (JSONL), appended as tasks finish; rerunning resumes, skipping finished tasks")
     p.set_defaults(func=cmd_solve)
 
     p = sub.add_parser("world", help="export the recipe world as JSON")

@@ -84,3 +84,22 @@ def test_console_script_is_installed():
     assert exe.exists()
     out = subprocess.run([str(exe), "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.startswith("sera ")
+
+
+def test_solve_resumes_from_its_result_file(tmp_path, capsys):
+    tasks, rows = tmp_path / "val.jsonl", tmp_path / "rows.jsonl"
+    assert main(["tasks", "--split", "val", "--limit", "6", "--out", str(tasks)]) == 0
+    assert main(["solve", "--tasks", str(tasks), "--limit", "3", "--out", str(rows)]) == 0
+    first = rows.read_text().splitlines()
+    assert len(first) == 3
+    with open(rows, "a") as fh:  # an interrupted write: half a line
+        fh.write(first[0][: len(first[0]) // 2])
+    capsys.readouterr()
+    assert main(["solve", "--tasks", str(tasks), "--out", str(rows)]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["resumed"] == 3 and summary["tasks"] == 6 and summary["passed"] == 6
+    lines = rows.read_text().splitlines()
+    assert lines[:3] == first and len(lines) == 6  # nothing lost, nothing duplicated
+    assert len({json.loads(x)["id"] for x in lines}) == 6
+    assert main(["solve", "--tasks", str(tasks), "--mode", "delegate", "--out", str(rows)]) == 2
+    assert "holds results of mode" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]

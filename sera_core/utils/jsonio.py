@@ -54,3 +54,44 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
             if not isinstance(obj, dict):
                 raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
             yield obj
+
+
+class JsonlCheckpoint:
+    """An append-only JSONL file of finished records, keyed by ``key``: resume support.
+
+    Each finished record is appended as one line and flushed to disk, so an interrupted
+    run loses at most the record in progress. On open, complete lines are loaded and a
+    trailing partial line (a write cut short) is truncated away, so a resumed run
+    neither loses nor duplicates records.
+    """
+
+    def __init__(self, path: str | os.PathLike, key: str = "id"):
+        self.path = Path(path)
+        self.key = key
+        self.records: dict[Any, dict[str, Any]] = {}
+        if self.path.exists():
+            data = self.path.read_bytes()
+            end = data.rfind(b"\n") + 1
+            if end < len(data):
+                with open(self.path, "r+b") as fh:
+                    fh.truncate(end)
+            for lineno, line in enumerate(data[:end].decode("utf-8").splitlines(), 1):
+                if line.strip():
+                    try:
+                        rec = json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        raise ValueError(f"{self.path}:{lineno}: not valid JSON ({exc.msg})") from None
+                    self.records[rec[key]] = rec
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self.records
+
+    def add(self, record: dict[str, Any]) -> None:
+        """Append one finished record (flushed and fsynced before returning)."""
+        with open(self.path, "a", encoding="utf-8", newline="\n") as fh:
+            fh.write(json.dumps(record) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        self.records[record[self.key]] = record

@@ -319,6 +319,7 @@ async def asolve_task(record: Mapping[str, Any], book: RecipeBook, cfg: ExpertCo
     return {
         "id": record.get("id"),
         "difficulty": record["misc"].get("difficulty"),
+        "mode": cfg.mode,
         "passed": verdict.passed,
         "reason": verdict.reason,
         "root_steps": env.state.steps,
