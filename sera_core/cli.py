@@ -56,7 +56,7 @@ def cmd_tasks(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_solve(args: argparse.Namespace) -> dict[str, Any]:
     from sera_core.envs.textcraft.expert import ExpertConfig, solve_task
-    from sera_core.envs.textcraft.tasks import book_for_record, validate_record
+    from sera_core.envs.textcraft.tasks import DIFFICULTIES, book_for_record, validate_record
     from sera_core.utils.jsonio import JsonlCheckpoint, read_jsonl
 
     official = args.format == "official"
@@ -108,7 +108,8 @@ def cmd_solve(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "env": args.env, "format": args.format, "mode": mode, "tasks": len(rows), "passed": passed,
         "success_rate": round(passed / len(rows), 4) if rows else 0.0,
-        "by_difficulty": {d: {**c, "success_rate": round(c["passed"] / c["tasks"], 4)} for d, c in sorted(by.items())},
+        "by_difficulty": {d: {**by[d], "success_rate": round(by[d]["passed"] / by[d]["tasks"], 4)}
+                          for d in sorted(by, key=lambda d: (DIFFICULTIES.index(d) if d in DIFFICULTIES else 99, d))},
         "agents": sum(r["agents"] for r in rows), "steps": sum(r["total_steps"] for r in rows),
         "resumed": resumed, "seconds": round(seconds, 2),
     }

@@ -244,3 +244,29 @@ def test_echo_of_functions_and_coroutines_has_no_memory_address():
     result = ex.run("launch()")
     assert result.output == "<coroutine launch>" and result.error_kind == "unawaited"
     assert ex.run("(x for x in [1])").output == "<generator <genexpr>>"
+
+
+def test_every_instrumented_construct_compiles_and_reports_the_right_line():
+    ex = make_executor()
+    cell = (
+        "def f(v):\n"                      # 1  function body tick
+        "    return v * 2\n"               # 2  BinOp guard
+        "g = lambda v: v ** 2\n"           # 3  lambda tick, pow guard
+        "xs = [f(i) for i in range(3) if i]\n"  # 4  comprehension tick
+        "d = {'k': 1}\n"                   # 5
+        "d['k'] <<= 3\n"                   # 6  augmented subscript
+        "xs *= 2\n"                        # 7  augmented name
+        "total = 0\n"                      # 8
+        "while total < 3:\n"               # 9  loop tick
+        "    total += 1\n"                 # 10
+        "try:\n"                           # 11
+        "    1 / 0\n"                      # 12
+        "except:\n"                        # 13 bare except rewritten
+        "    total += 10\n"                # 14
+        "(xs, g(3), d, total)\n"           # 15 echo
+    )
+    r = ex.run(cell)
+    assert r.error is None and r.output == "([2, 4, 2, 4], 9, {'k': 8}, 13)"
+    tight = make_executor(limits=SandboxLimits(max_ticks=50))
+    r = tight.run("def spin():\n    n = 0\n    while True:\n        n += 1\nx = 1\nspin()")
+    assert r.error_kind == "timeout" and r.error.startswith("Traceback: line 4 in spin (called from line 6)")
