@@ -103,3 +103,15 @@ def test_solve_resumes_from_its_result_file(tmp_path, capsys):
     assert len({json.loads(x)["id"] for x in lines}) == 6
     assert main(["solve", "--tasks", str(tasks), "--mode", "delegate", "--out", str(rows)]) == 2
     assert "holds results of mode" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
+
+
+def test_solve_results_repeat_exactly_under_any_hash_seed(tmp_path):
+    tasks = tmp_path / "val.jsonl"
+    run(["tasks", "--split", "val", "--limit", "16", "--out", str(tasks)])
+    results = []
+    for seed in ("3", "77"):
+        out = tmp_path / f"rows{seed}.jsonl"
+        run(["solve", "--tasks", str(tasks), "--mode", "delegate", "--out", str(out)], env={"PYTHONHASHSEED": seed})
+        rows = [json.loads(x) for x in out.read_text().splitlines()]
+        results.append([{k: v for k, v in r.items() if k != "seconds"} for r in rows])
+    assert results[0] == results[1] and len(results[0]) == 16
