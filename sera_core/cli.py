@@ -45,7 +45,7 @@ def cmd_tasks(args: argparse.Namespace) -> dict[str, Any]:
     from sera_core.utils.jsonio import write_jsonl
 
     cfg = TaskConfig(world=_world_config(args), seed=args.seed)
-    records = generate_split(args.split, cfg)
+    records = generate_split(args.split, cfg, progress=True)
     if args.limit is not None:
         records = records[: args.limit]
     write_jsonl(args.out, records)
@@ -85,7 +85,7 @@ def cmd_solve(args: argparse.Namespace) -> dict[str, Any]:
         raise CommandError(f"{args.out} holds results of mode {sorted(map(str, other_modes))}; use another --out")
     resumed = sum(1 for i in ids if i in done)
     t0 = time.perf_counter()
-    for task_id, rec in tqdm(list(zip(ids, records)), desc=f"solve ({mode})", unit="task", file=sys.stderr,
+    for task_id, rec in tqdm(list(zip(ids, records, strict=True)), desc=f"solve ({mode})", unit="task", file=sys.stderr,
                              mininterval=1.0):
         if task_id in done:
             continue

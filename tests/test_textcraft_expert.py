@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from sera_core.envs.textcraft.env import CraftWorld, TextCraftEnv
+from sera_core.envs.textcraft.env import TextCraftEnv
 from sera_core.envs.textcraft.expert import (
     ExpertConfig, TextCraftExpert, expert_subagent_hook, run_expert_agent, solve_task,
 )

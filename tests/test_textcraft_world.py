@@ -31,7 +31,7 @@ def test_names_follow_the_official_pattern(book):
     for item in book.recipes:
         m = NAME.match(item)
         assert m, item
-        letter, digit, tier = m.group(1), int(m.group(2)), int(m.group(3))
+        digit, tier = int(m.group(2)), int(m.group(3))
         suffixes = [int(s) for s in m.groups()[3:] if s is not None]
         if tier >= 6:  # the tier repeats from tier 6 on
             assert suffixes and suffixes[0] == tier, item

@@ -40,7 +40,7 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from sera_core.envs.textcraft.sandbox import CellResult, SandboxExecutor, SandboxLimits

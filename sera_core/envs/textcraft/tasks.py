@@ -31,9 +31,12 @@ Decisions where the official generator is not public:
 from __future__ import annotations
 
 import random
+import sys
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
+
+from tqdm import tqdm
 
 from sera_core.envs.textcraft.planner import plan_crafts, split_requirements
 from sera_core.envs.textcraft.world import DOMAINS, RecipeBook, WorldConfig, generate_world, item_domain
@@ -163,11 +166,12 @@ def make_task(
     }
 
 
-def generate_split(split: str, cfg: TaskConfig | None = None) -> list[dict]:
+def generate_split(split: str, cfg: TaskConfig | None = None, *, progress: bool = False) -> list[dict]:
     """All task records of ``split`` (``"train"`` or ``"val"``), in file order.
 
     Record ``k`` depends only on (seed, split, k) and the world, never on other
-    records, so any prefix of a split is reproducible on its own.
+    records, so any prefix of a split is reproducible on its own. ``progress`` shows a
+    progress bar on stderr.
     """
     cfg = cfg or TaskConfig()
     if split not in cfg.splits:
@@ -180,7 +184,8 @@ def generate_split(split: str, cfg: TaskConfig | None = None) -> list[dict]:
     labels = [d for d in DIFFICULTIES for _ in range(cfg.splits[split].get(d, 0))]
     rng_for(cfg.seed, "textcraft.order", split).shuffle(labels)
     records = []
-    for k, difficulty in enumerate(labels):
+    for k, difficulty in enumerate(tqdm(labels, desc=f"tasks ({split})", unit="task", disable=not progress,
+                                        file=sys.stderr, mininterval=1.0)):
         rng = rng_for(cfg.seed, "textcraft.task", split, k)
         low, high = DIFFICULTY_DEPTHS[difficulty]
         depths = [d for d in range(low, high + 1) if by_depth.get(d)]
