@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 
-def write_jsonl(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> int:
+def write_jsonl(path: str | os.PathLike, records: Iterable[dict[str, Any]], *, sort_keys: bool = False) -> int:
     """Write ``records`` one per line to ``path`` atomically; return how many.
+
+    ``sort_keys`` writes every object's keys sorted (the TextWorld-Sync files' style).
 
     The file is written to a temporary sibling and renamed into place, so a reader
     never sees a half-written file and an interrupted write leaves the old one.
@@ -27,7 +29,7 @@ def write_jsonl(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> i
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
             for rec in records:
-                fh.write(json.dumps(rec))
+                fh.write(json.dumps(rec, sort_keys=sort_keys))
                 fh.write("\n")
                 count += 1
         os.replace(tmp, path)
