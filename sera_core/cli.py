@@ -2,11 +2,13 @@
 
 Subcommands (later issues add more):
 
-* ``sera tasks --env textcraft --split val --out FILE``: write a task split (JSONL);
-  identical bytes on every run and under any PYTHONHASHSEED.
-* ``sera solve --env textcraft --tasks FILE [--format native|official]
+* ``sera tasks --env textcraft|textworld --split SPLIT --out FILE``: write a task split
+  (JSONL); identical bytes on every run and under any PYTHONHASHSEED.
+* ``sera solve --env textcraft|textworld --tasks FILE [--format native|official]
   [--mode flat|delegate|gold]``: play tasks with the expert and report the checker's
-  verdicts (``tasks``, ``passed``, ``success_rate``, ``by_difficulty``).
+  verdicts (``tasks``, ``passed``, ``success_rate``, ``by_difficulty``, and for
+  TextWorld ``by_family``). ``--out`` appends result rows as tasks finish, and a rerun
+  resumes from them.
 * ``sera world --env textcraft --out FILE``: export the recipe book as JSON.
 
 On a usage or input error the last line is ``{"command": ..., "error": ...}`` and the
@@ -40,28 +42,69 @@ def _world_config(args: argparse.Namespace):
     return WorldConfig(seed=args.world_seed, items_per_tier=args.items_per_tier)
 
 
+SPLITS: dict[str, tuple[str, ...]] = {"textcraft": ("train", "val"), "textworld": ("test", "train", "dev")}
+"""The task splits of each benchmark."""
+MODES: dict[str, tuple[str, ...]] = {"textcraft": ("flat", "delegate", "gold"), "textworld": ("flat", "delegate")}
+"""The expert modes of each benchmark."""
+
+
 def cmd_tasks(args: argparse.Namespace) -> dict[str, Any]:
-    from sera_core.envs.textcraft.tasks import TaskConfig, generate_split, split_stats
     from sera_core.utils.jsonio import write_jsonl
 
-    cfg = TaskConfig(world=_world_config(args), seed=args.seed)
-    records = generate_split(args.split, cfg, progress=True)
+    if args.split not in SPLITS[args.env]:
+        raise CommandError(f"{args.env} has splits {', '.join(SPLITS[args.env])}, not {args.split!r}")
+    if args.env == "textcraft":
+        from sera_core.envs.textcraft.tasks import TaskConfig, generate_split, split_stats
+
+        records = generate_split(args.split, TaskConfig(world=_world_config(args), seed=args.seed), progress=True)
+    else:
+        from sera_core.envs.textworld.tasks import generate_split, split_stats
+
+        records = generate_split(args.split, progress=True)
     if args.limit is not None:
         records = records[: args.limit]
-    write_jsonl(args.out, records)
+    write_jsonl(args.out, records, sort_keys=args.env == "textworld")
     digest = hashlib.sha256(Path(args.out).read_bytes()).hexdigest()
     return {"env": args.env, "split": args.split, "tasks": len(records), "out": str(args.out),
-            "sha256": digest, "by_difficulty": split_stats(records)}
+            "sha256": digest, "stats": split_stats(records)}
+
+
+def _solver(args: argparse.Namespace, mode: str):
+    """``(validate(record, where), solve(record) -> row, group keys)`` for the chosen benchmark."""
+    official = args.format == "official"
+    if args.env == "textcraft":
+        from sera_core.envs.textcraft.expert import ExpertConfig, solve_task
+        from sera_core.envs.textcraft.tasks import book_for_record, validate_record
+
+        cfg = ExpertConfig(mode=mode)
+        return validate_record, lambda rec: solve_task(rec, book_for_record(rec, official=official), cfg), ("difficulty",)
+    from sera_core.envs.textworld.expert import ExpertConfig, solve_task
+    from sera_core.envs.textworld.tasks import validate_record
+
+    cfg = ExpertConfig(mode=mode)
+    return validate_record, lambda rec: solve_task(rec, cfg), ("difficulty", "family")
+
+
+def _breakdown(rows: list[dict], key: str) -> dict[str, dict]:
+    """Tasks, passed and success rate per value of ``key`` (difficulties in their order)."""
+    from sera_core.envs.textcraft.tasks import DIFFICULTIES
+
+    by: dict[str, Counter] = {}
+    for row in rows:
+        c = by.setdefault(str(row[key]), Counter())
+        c["tasks"] += 1
+        c["passed"] += int(row["passed"])
+    order = sorted(by, key=lambda v: (DIFFICULTIES.index(v) if v in DIFFICULTIES else 99, v))
+    return {v: {**by[v], "success_rate": round(by[v]["passed"] / by[v]["tasks"], 4)} for v in order}
 
 
 def cmd_solve(args: argparse.Namespace) -> dict[str, Any]:
-    from sera_core.envs.textcraft.expert import ExpertConfig, solve_task
-    from sera_core.envs.textcraft.tasks import DIFFICULTIES, book_for_record, validate_record
     from sera_core.utils.jsonio import JsonlCheckpoint, read_jsonl
 
-    official = args.format == "official"
-    mode = args.mode or ("gold" if official else "flat")
-    cfg = ExpertConfig(mode=mode)
+    mode = args.mode or ("gold" if args.format == "official" and args.env == "textcraft" else "flat")
+    if mode not in MODES[args.env]:
+        raise CommandError(f"{args.env} has expert modes {', '.join(MODES[args.env])}, not {mode!r}")
+    validate, solve, keys = _solver(args, mode)
     try:
         records = list(read_jsonl(args.tasks))
     except FileNotFoundError:
@@ -72,10 +115,10 @@ def cmd_solve(args: argparse.Namespace) -> dict[str, Any]:
         records = records[: args.limit]
     for i, rec in enumerate(records):
         try:
-            validate_record(rec, f"{args.tasks}:{i + 1}")
+            validate(rec, f"{args.tasks}:{i + 1}")
         except ValueError as exc:
             raise CommandError(str(exc)) from None
-    ids = [rec.get("id", i) for i, rec in enumerate(records)]
+    ids = [rec.get("id", rec.get("task_id", i)) for i, rec in enumerate(records)]
     if len(set(ids)) != len(ids):
         raise CommandError(f"{args.tasks}: task ids are not unique")
     checkpoint = JsonlCheckpoint(args.out) if args.out else None
@@ -85,22 +128,17 @@ def cmd_solve(args: argparse.Namespace) -> dict[str, Any]:
         raise CommandError(f"{args.out} holds results of mode {sorted(map(str, other_modes))}; use another --out")
     resumed = sum(1 for i in ids if i in done)
     t0 = time.perf_counter()
-    for task_id, rec in tqdm(list(zip(ids, records, strict=True)), desc=f"solve ({mode})", unit="task", file=sys.stderr,
-                             mininterval=1.0):
+    for task_id, rec in tqdm(list(zip(ids, records, strict=True)), desc=f"solve ({mode})", unit="task",
+                             file=sys.stderr, mininterval=1.0):
         if task_id in done:
             continue
-        row = {**solve_task(rec, book_for_record(rec, official=official), cfg), "id": task_id}
+        row = {**solve(rec), "id": task_id}
         if checkpoint is not None:
             checkpoint.add(row)
         else:
             done[task_id] = row
     seconds = time.perf_counter() - t0
     rows = [done[i] for i in ids]
-    by: dict[str, Counter] = {}
-    for row in rows:
-        c = by.setdefault(str(row["difficulty"]), Counter())
-        c["tasks"] += 1
-        c["passed"] += int(row["passed"])
     passed = sum(int(r["passed"]) for r in rows)
     for row in rows:
         if not row["passed"]:
@@ -108,8 +146,7 @@ def cmd_solve(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "env": args.env, "format": args.format, "mode": mode, "tasks": len(rows), "passed": passed,
         "success_rate": round(passed / len(rows), 4) if rows else 0.0,
-        "by_difficulty": {d: {**by[d], "success_rate": round(by[d]["passed"] / by[d]["tasks"], 4)}
-                          for d in sorted(by, key=lambda d: (DIFFICULTIES.index(d) if d in DIFFICULTIES else 99, d))},
+        **{f"by_{k}": _breakdown(rows, k) for k in keys},
         "agents": sum(r["agents"] for r in rows), "steps": sum(r["total_steps"] for r in rows),
         "resumed": resumed, "seconds": round(seconds, 2),
     }
@@ -129,33 +166,34 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sera {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def world_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--env", choices=["textcraft"], default="textcraft", help="benchmark")
-        p.add_argument("--world-seed", type=int, default=0, help="seed of the recipe world")
+    def world_args(p: argparse.ArgumentParser, envs: Sequence[str] = tuple(SPLITS)) -> None:
+        p.add_argument("--env", choices=list(envs), default="textcraft", help="benchmark")
+        p.add_argument("--world-seed", type=int, default=0, help="TextCraft: seed of the recipe world")
         p.add_argument("--items-per-tier", type=int, default=25, help="crafted items per domain and tier")
 
     p = sub.add_parser("tasks", help="write a task split as JSONL")
     world_args(p)
-    p.add_argument("--split", choices=["train", "val"], required=True)
-    p.add_argument("--seed", type=int, default=0, help="seed of the task draws")
+    p.add_argument("--split", choices=sorted({s for v in SPLITS.values() for s in v}), required=True,
+                   help="textcraft: train|val; textworld: test|train|dev")
+    p.add_argument("--seed", type=int, default=0, help="TextCraft: seed of the task draws")
     p.add_argument("--limit", type=int, help="write only the first N tasks")
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=cmd_tasks)
 
     p = sub.add_parser("solve", help="solve tasks with the expert and check them")
-    p.add_argument("--env", choices=["textcraft"], default="textcraft", help="benchmark")
+    p.add_argument("--env", choices=list(SPLITS), default="textcraft", help="benchmark")
     p.add_argument("--tasks", type=Path, required=True, help="JSONL task file")
     p.add_argument("--format", choices=["native", "official"], default="native",
-                   help="official: rebuild recipes from each record's gold plan")
+                   help="official task records (TextCraft: recipes rebuilt from each gold plan)")
     p.add_argument("--mode", choices=["flat", "delegate", "gold"],
-                   help="expert mode (default: gold for --format official, else flat)")
+                   help="expert mode (default: gold for official TextCraft records, else flat; gold is TextCraft only)")
     p.add_argument("--limit", type=int, help="solve only the first N tasks")
     p.add_argument("--out", type=Path,
                    help="result rows (JSONL), appended as tasks finish; rerunning resumes, skipping finished tasks")
     p.set_defaults(func=cmd_solve)
 
-    p = sub.add_parser("world", help="export the recipe world as JSON")
-    world_args(p)
+    p = sub.add_parser("world", help="export the TextCraft recipe world as JSON")
+    world_args(p, ("textcraft",))
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=cmd_world)
     return parser

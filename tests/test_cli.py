@@ -28,7 +28,7 @@ def test_tasks_is_byte_identical_across_runs_and_hash_seeds(tmp_path):
     run(["tasks", "--env", "textcraft", "--split", "val", "--out", str(b)], env={"PYTHONHASHSEED": "987"})
     assert a.read_bytes() == b.read_bytes()
     assert summary["command"] == "tasks" and summary["tasks"] == 632
-    assert {d: s["tasks"] for d, s in summary["by_difficulty"].items()} == {"easy": 147, "medium": 213, "hard": 136, "extreme": 136}
+    assert {d: s["tasks"] for d, s in summary["stats"].items()} == {"easy": 147, "medium": 213, "hard": 136, "extreme": 136}
     assert len(a.read_text().splitlines()) == 632
 
 

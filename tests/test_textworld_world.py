@@ -311,3 +311,14 @@ def test_official_records_build_worlds(official_dir):
         gated = {e["to"] for e in record["parallelism"]["dependencies"] if e["type"] == "door"}
         hidden = {n for n, i in env.world.state.items.items() if i.hidden}
         assert hidden == {n for d in record["dishes"] if d["dish_id"] in gated for n in d["ingredient_names"]}
+
+
+def test_preparation_commands_make_the_required_state():
+    from sera_core.envs.textworld.world import preparation_commands
+
+    assert preparation_commands("carrot", ("grilled", "diced")) == ["dice carrot", "cook carrot on grill"]
+    assert preparation_commands("salt", ("raw", "uncut")) == []
+    w = SyncWorld.from_record(make_record())
+    for cmd in ["take red apple"] + preparation_commands("red apple", ("roasted", "sliced")):
+        assert act(w, "kitchen", cmd)[0].ok
+    assert w.state.items["red apple"].place == "counter"

@@ -425,3 +425,13 @@ def render_cookbook(record: Mapping[str, Any]) -> str:
         parts = [f"{e['name']} ({e['preparation'][0]}, {e['preparation'][1]})" for e in dish["recipe"]]
         lines.append(f"{dish['dish_id']}: " + "; ".join(parts))
     return "\n".join(lines)
+
+
+def preparation_commands(name: str, preparation: tuple[str, str]) -> list[str]:
+    """The commands that turn a held ingredient into ``preparation`` (cut, then cook)."""
+    cook, cut = preparation
+    commands = [f"{CUT_VERB[cut]} {name}"] if cut != "uncut" else []
+    if cook != "raw":
+        appliance = COOK_APPLIANCE[cook]
+        commands.append(f"cook {name} {'on' if appliance == 'grill' else 'in'} {appliance}")
+    return commands
