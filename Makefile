@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 EXTRAS := notebooks,dev
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-py test-nb bench clean
+.PHONY: help setup demo test bench clean
 
 help:  ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -20,9 +20,11 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)  ## Create .venv with the package (editable) and its extras; quick when nothing changed
 
-demo: setup  ## Main job on the embedded default: generate val tasks and solve them with the expert
-	$(BIN)/sera tasks --env textcraft --split val --out runs/demo/val.jsonl
-	$(BIN)/sera solve --env textcraft --tasks runs/demo/val.jsonl --mode delegate
+demo: setup  ## Main job on the embedded default: write both benchmarks' evaluation tasks, solve them with the expert
+	$(BIN)/sera tasks --env textcraft --split val --out runs/demo/textcraft_val.jsonl
+	$(BIN)/sera solve --env textcraft --tasks runs/demo/textcraft_val.jsonl --mode delegate
+	$(BIN)/sera tasks --env textworld --split test --out runs/demo/textworld_test.jsonl
+	$(BIN)/sera solve --env textworld --tasks runs/demo/textworld_test.jsonl --mode delegate
 
 test: setup  ## Run the tests: pytest, then every notebook with nbval
 	$(BIN)/python -m pytest tests
@@ -30,6 +32,7 @@ test: setup  ## Run the tests: pytest, then every notebook with nbval
 
 bench: setup  ## Benchmarks (numbers go to docs/benchmarks.md)
 	$(BIN)/python scripts/bench_textcraft.py
+	$(BIN)/python scripts/bench_textworld.py
 
 clean:  ## Remove run outputs (keeps .venv)
 	rm -rf runs .pytest_cache

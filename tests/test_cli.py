@@ -115,3 +115,43 @@ def test_solve_results_repeat_exactly_under_any_hash_seed(tmp_path):
         rows = [json.loads(x) for x in out.read_text().splitlines()]
         results.append([{k: v for k, v in r.items() if k != "seconds"} for r in rows])
     assert results[0] == results[1] and len(results[0]) == 16
+
+
+def test_textworld_tasks_are_byte_identical_and_solve_reports_families(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    _, summary = run(["tasks", "--env", "textworld", "--split", "test", "--out", str(a)], env={"PYTHONHASHSEED": "5"})
+    run(["tasks", "--env", "textworld", "--split", "test", "--out", str(b)], env={"PYTHONHASHSEED": "6"})
+    assert a.read_bytes() == b.read_bytes() and summary["tasks"] == 1400
+    first = json.loads(a.read_text().splitlines()[0])
+    assert list(first) == sorted(first)  # written with sorted keys, like the official files
+    dev = tmp_path / "dev.jsonl"
+    _, summary = run(["tasks", "--env", "textworld", "--split", "dev", "--out", str(dev)])
+    assert summary["tasks"] == 200
+    lines = dev.read_text().splitlines()
+    picked = tmp_path / "picked.jsonl"  # two tasks of every family, across difficulties
+    picked.write_text("\n".join(lines[i] for i in range(0, 200, 7)) + "\n")
+    _, summary = run(["solve", "--env", "textworld", "--tasks", str(picked), "--mode", "delegate"])
+    n = len(range(0, 200, 7))
+    assert summary["tasks"] == summary["passed"] == n
+    assert set(summary["by_family"]) == {json.loads(x)["task_family"] for x in picked.read_text().splitlines()}
+    assert sum(v["tasks"] for v in summary["by_difficulty"].values()) == n and summary["agents"] > n
+
+
+def test_textworld_official_sample_solves(official_dir):
+    sample = official_dir / "textworld_sync_test_sample.jsonl"
+    _, summary = run(["solve", "--env", "textworld", "--tasks", str(sample), "--format", "official", "--mode", "delegate"])
+    assert summary["tasks"] == summary["passed"] == len(sample.read_text().splitlines())
+    assert len(summary["by_family"]) == 7
+
+
+def test_textworld_rejects_unknown_splits_and_modes(tmp_path, capsys):
+    assert main(["tasks", "--env", "textworld", "--split", "val", "--out", str(tmp_path / "x")]) == 2
+    assert "textworld has splits test, train, dev" in json.loads(capsys.readouterr().out.splitlines()[-1])["error"]
+    dev = tmp_path / "dev.jsonl"
+    assert main(["tasks", "--env", "textworld", "--split", "dev", "--limit", "2", "--out", str(dev)]) == 0
+    capsys.readouterr()
+    assert main(["solve", "--env", "textworld", "--tasks", str(dev), "--mode", "gold"]) == 2
+    assert "not 'gold'" in json.loads(capsys.readouterr().out.splitlines()[-1])["error"]
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"task_id": "x"}) + "\n")
+    assert main(["solve", "--env", "textworld", "--tasks", str(tmp_path / "bad.jsonl")]) == 2
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["command"] == "solve"

@@ -322,3 +322,13 @@ def test_preparation_commands_make_the_required_state():
     for cmd in ["take red apple"] + preparation_commands("red apple", ("roasted", "sliced")):
         assert act(w, "kitchen", cmd)[0].ok
     assert w.state.items["red apple"].place == "counter"
+
+
+def test_invalid_free_actions_still_spend_a_step():
+    w = SyncWorld.from_record(make_record())
+    for cmd in ("go to narnia", "go to kitchen", "go north"):
+        r, loc = act(w, "kitchen", cmd)
+        assert not r.ok and r.spent and loc == "kitchen"
+    r, _ = act(w, "garden", "read cookbook")
+    assert not r.ok and r.spent and "kitchen" in r.message
+    assert w.state.steps == 4

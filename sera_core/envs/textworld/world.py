@@ -32,7 +32,8 @@ Rules (our reading of SPEC 8 where the official V9 environment is not public):
 * The global budget (``parallelism.shared_environment_max_steps``) counts every action
   that touches shared state, *and every invalid action*. Moving (``go to``), reading the
   cookbook and ``inventory`` change nothing shared and are free for the world (they
-  still cost the acting agent a turn); this matches the official estimate
+  still cost the acting agent a turn; an invalid one spends a step like any invalid
+  action); this matches the official estimate
   ``estimated_sequential_actions = total_branch_work + 2 x dishes + includeDoors``,
   which counts no movement. Once the budget is spent every action is refused.
 
@@ -232,16 +233,20 @@ class SyncWorld:
         Returns the result and the agent's (possibly new) location.
         """
         with self.lock:
-            words = command.strip().lower().split()
-            verb = words[0] if words else ""
+            command = " ".join(command.strip().lower().split())
+            verb = command.split(" ", 1)[0]
+            free = None
             if verb in FREE_VERBS:
-                return self._free(location, command.strip().lower())
+                free, new_location = self._free(location, command)
+                if free.ok:
+                    return free, new_location
             if self.state.steps >= self.state.max_steps:
                 return ActionResult(False, "No shared steps remain: the world accepts no more actions.", False), location
-            self.state.steps += 1
+            self.state.steps += 1  # every other action, and every invalid one, spends a global step
+            if free is not None:
+                return ActionResult(False, free.message, True), location
             try:
-                message = self._apply(location, command.strip().lower())
-                return ActionResult(True, message, True), location
+                return ActionResult(True, self._apply(location, command), True), location
             except _Invalid as exc:
                 return ActionResult(False, f"Invalid action: {exc}", True), location
 
