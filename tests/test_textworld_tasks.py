@@ -105,7 +105,7 @@ def test_train_and_dev_sizes_spread_and_fields(splits):
                 for r in records]
         assert keys == sorted(keys)  # difficulty, family, index
         start = 850000 if split == "train" else 860000
-        for r, (d, f, i) in zip(records, keys):
+        for r, (d, f, i) in zip(records, keys, strict=True):
             assert r["task_id"] == f"cookingworld_multidish_{split}_{r['task_family']}_{r['difficulty']}_{i:04d}"
             assert r["seed"] == start + 100000 * d + 200 * f + i
             assert r["split"] == r["source_fold"] == split

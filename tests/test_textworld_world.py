@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 import threading
@@ -161,7 +160,7 @@ def test_budget_is_never_overspent_and_free_actions_cost_nothing():
 
 def test_many_threads_hammering_one_world_lose_and_duplicate_nothing():
     record = make_record(budget=400, distractors=0)
-    for i, dish in enumerate(record["dishes"]):  # everything in the kitchen, no capacity limit
+    for dish in record["dishes"]:  # everything in the kitchen, no capacity limit
         for e in dish["recipe"]:
             e["candidate_source_locations"] = ["kitchen.counter"]
     w = SyncWorld.from_record(record)

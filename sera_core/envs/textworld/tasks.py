@@ -324,7 +324,7 @@ class TaskConfig:
 def _spread_cells(counts: dict[str, int]) -> dict[tuple[str, str], int]:
     """Per-difficulty counts spread over the families, in file order."""
     return {(d, f): n for d in DIFFICULTIES if d in counts
-            for f, n in zip(FAMILIES, _spread(counts[d], len(FAMILIES)))}
+            for f, n in zip(FAMILIES, _spread(counts[d], len(FAMILIES)), strict=True)}
 
 
 def cell_counts(split: str, cfg: TaskConfig) -> dict[tuple[str, str], int]:
@@ -407,7 +407,7 @@ def _profiles(family: str, k: int, n: int, lo: int, hi: int, rng: Random) -> lis
             most_full = [max(p, (e + 1) // 2) for e in extras]
             most_prepared = [min(hi, e) for e in extras]
             for prepared in (most_full, most_prepared):
-                candidates.append([_dish_slots(n, e - q, 2 * q - e) for e, q in zip(extras, prepared)])
+                candidates.append([_dish_slots(n, e - q, 2 * q - e) for e, q in zip(extras, prepared, strict=True)])
     elif family == "conflict":
         for p in range(lo, hi + 1):
             need = ["fried", "cut"] + ["prepared"] * (p - 2) if p >= 2 else ["fried_cut"]

@@ -115,6 +115,16 @@ class WorldState:
     events: list[str] = field(default_factory=list)
     """Irreversible mistakes, in order (``"burned red apple"``, ...)."""
 
+    def copy(self) -> WorldState:
+        """An independent copy (items hold only immutable fields, so a shallow copy each suffices)."""
+        return WorldState(
+            rooms=list(self.rooms), items={k: copy.copy(v) for k, v in self.items.items()},
+            required=dict(self.required), dishes={k: list(v) for k, v in self.dishes.items()},
+            prepared=dict(self.prepared), eaten=dict(self.eaten), gate=self.gate,
+            tool_busy_until=dict(self.tool_busy_until), cooldown=self.cooldown, capacity=self.capacity,
+            max_steps=self.max_steps, steps=self.steps, events=list(self.events),
+        )
+
 
 @dataclass(frozen=True)
 class ActionResult:
@@ -182,12 +192,12 @@ class SyncWorld:
     def snapshot(self) -> WorldState:
         """A deep, plain-data copy of the shared state."""
         with self.lock:
-            return copy.deepcopy(self.state)
+            return self.state.copy()
 
     def restore(self, snap: WorldState) -> None:
         """Replace the shared state in place (every agent view sees it)."""
         with self.lock:
-            self.state = copy.deepcopy(snap)
+            self.state = snap.copy()
 
     def fork(self) -> SyncWorld:
         """An independent world with a copy of the state (a counterfactual branch)."""
