@@ -331,3 +331,16 @@ def test_invalid_free_actions_still_spend_a_step():
     r, _ = act(w, "garden", "read cookbook")
     assert not r.ok and r.spent and "kitchen" in r.message
     assert w.state.steps == 4
+
+
+def test_cookbook_and_stove():
+    record = make_record()
+    record["dishes"][1]["recipe"][0]["preparation"] = ["fried", "sliced"]
+    w = SyncWorld.from_record(record)
+    r, _ = act(w, "kitchen", "read cookbook")
+    assert r.ok and not r.spent
+    assert r.message.splitlines()[1:] == ["dish_1: carrot (grilled, diced); salt (raw, uncut)",
+                                          "dish_2: red apple (fried, sliced); parsley (raw, chopped)"]
+    for cmd in ("take red apple", "cook red apple in stove", "slice red apple"):
+        assert act(w, "kitchen", cmd)[0].ok
+    assert w.state.items["red apple"].place == "counter" and w.state.items["red apple"].state == ("fried", "sliced")
