@@ -344,14 +344,15 @@ GLOBAL_RUBRIC = Rubric(
 """The ablation's single rubric for every subtask (Table 3, "one global rubric")."""
 
 
-def truncate_middle(text: str, max_chars: int) -> str:
-    """Keep the start and the end of ``text`` within ``max_chars`` (official: the middle goes)."""
-    if len(text) <= max_chars:
+def truncate_middle(text: str, limit: int) -> str:
+    """``text`` cut to about ``limit`` characters by dropping its middle (the official
+    code truncates long context in the middle); ``limit <= 0`` keeps everything."""
+    if limit <= 0 or len(text) <= limit:
         return text
-    marker = f"\n... [{len(text) - max_chars} characters omitted] ...\n"
-    keep = max(0, max_chars - len(marker))
-    head = keep // 2
-    return text[:head] + marker + text[len(text) - (keep - head):]
+    marker = "\n... [{} characters omitted] ...\n"
+    keep = max(limit - len(marker.format(len(text))), 0)
+    head, tail = keep // 2, keep - keep // 2
+    return text[:head] + marker.format(len(text) - keep) + (text[len(text) - tail:] if tail else "")
 
 
 @dataclass(frozen=True)

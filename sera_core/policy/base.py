@@ -1,0 +1,81 @@
+"""The policy interface every backend implements.
+
+``generate(prompts, params)`` takes a batch of prompts as token ids and returns, per
+prompt, the new token ids, the log-probability of each under the policy, and the
+decoded text. Conventions shared by all backends:
+
+* Log-probabilities are of the *unmodified* model distribution (log-softmax of the raw
+  logits, temperature 1), whatever temperature was used to sample: they are the
+  "old" log-probabilities pi_old(a_t | h_t) of CISPO, and the training temperature is
+  1.0 anyway (SPEC 4).
+* Temperature 0 is greedy decoding (deterministic).
+* Generation ends at the end-of-sequence token (kept, with its logprob), at the first
+  completion of a stop string (the tokens that complete it are kept, so the stop
+  string is part of the text: trajectories keep every generated token), or at
+  ``max_new_tokens``.
+* ``seed`` makes sampling reproducible per sequence, independent of batch composition.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one completion."""
+
+    temperature: float = 1.0
+    """0 means greedy."""
+    max_new_tokens: int = 512
+    """Completion cap (TextCraft 512, TextWorld 3,072 per turn; SPEC 4)."""
+    stop: tuple[str, ...] = ()
+    """Stop strings (e.g. ``</python>``); the completing tokens are kept."""
+    seed: int | None = None
+    """Per-sequence sampling seed (derived per sample by the caller)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1.0 = off)."""
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0 or self.max_new_tokens < 1 or not 0 < self.top_p <= 1:
+            raise ValueError("temperature >= 0, max_new_tokens >= 1 and 0 < top_p <= 1 are required")
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One completion."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    """One per token (see the module docstring)."""
+    text: str
+    finish_reason: str
+    """``stop`` (a stop string), ``eos`` or ``length``."""
+    stop_string: str | None = None
+    meta: dict = field(default_factory=dict)
+
+
+class Policy(Protocol):
+    """What the runtime needs from a policy backend."""
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Generation]:
+        """One completion per prompt (``params`` shared or one per prompt)."""
+        ...
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        """Token ids of ``messages`` under the tokenizer's chat template, ready to generate."""
+        ...
+
+    def decode(self, token_ids: list[int]) -> str:
+        """Text of token ids (no special-token stripping beyond the tokenizer's defaults)."""
+        ...
+
+
+def per_prompt(params: SamplingParams | list[SamplingParams], n: int) -> list[SamplingParams]:
+    """``params`` as one entry per prompt (a shared one repeated)."""
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    if len(params) != n:
+        raise ValueError(f"{len(params)} sampling params for {n} prompts")
+    return list(params)

@@ -1,0 +1,69 @@
+"""The ``vllm`` policy backend (GPU): the same interface over vLLM, imported lazily.
+
+Install with the ``[gpu]`` extra; nothing on the CPU path imports vLLM. Prompts go in
+as token ids (``TokensPrompt``), so the runtime's token bookkeeping is exact;
+``logprobs=0`` asks vLLM for the sampled token's log-probability (vLLM's default
+``raw_logprobs`` mode: the unmodified model distribution, as in
+:mod:`sera_core.policy.base`); ``include_stop_str_in_output=True`` keeps the tokens
+that complete a stop string, as the ``hf`` backend does.
+
+:meth:`VLLMPolicy.load_weights` pushes a trainer's state dict into the running engine
+in place (after every optimizer update), through ``LLM.apply_model`` and the model's
+own ``load_weights``. Exercised by ``scripts/gpu_smoke_vllm.py`` on a GPU machine;
+not yet run (no GPU was lent to the session that wrote it).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from sera_core.policy.base import Generation, SamplingParams, per_prompt
+
+
+class VLLMPolicy:
+    """A local checkpoint served by an in-process vLLM engine."""
+
+    def __init__(self, path: str | os.PathLike, **engine_kwargs):
+        try:
+            from vllm import LLM
+        except ImportError as exc:  # pragma: no cover - only on machines without the [gpu] extra
+            raise ImportError("the vllm backend needs the [gpu] extra: pip install -e '.[gpu]'") from exc
+        engine_kwargs.setdefault("enable_prefix_caching", True)
+        self.llm = LLM(model=str(path), tokenizer=str(path), **engine_kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return [int(i) for i in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Generation]:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        ps = per_prompt(params, len(prompts))
+        vparams = [
+            VSamplingParams(temperature=p.temperature, top_p=p.top_p, max_tokens=p.max_new_tokens, stop=list(p.stop),
+                            seed=p.seed, logprobs=0, include_stop_str_in_output=True, skip_special_tokens=False)
+            for p in ps
+        ]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], vparams, use_tqdm=False)
+        result = []
+        for out in outputs:
+            o = out.outputs[0]
+            ids = list(o.token_ids)
+            logprobs = [float(step[token].logprob) for step, token in zip(o.logprobs, ids, strict=True)]
+            reason = "stop" if o.stop_reason is not None and isinstance(o.stop_reason, str) else (
+                "length" if o.finish_reason == "length" else "eos")
+            result.append(Generation(ids, logprobs, self.decode(ids), reason,
+                                     o.stop_reason if isinstance(o.stop_reason, str) else None))
+        return result
+
+    def load_weights(self, state_dict: Mapping[str, "object"]) -> None:
+        """Replace the engine's weights in place with a trainer's (HF-named) state dict."""
+        weights = [(name, tensor) for name, tensor in state_dict.items()]
+        self.llm.apply_model(lambda model: model.load_weights(weights))
+        self.llm.reset_prefix_cache()

@@ -1,0 +1,87 @@
+"""The hf policy backend on a tiny Qwen3 model built here (real tokenizer, real model)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sera_core.policy.base import SamplingParams
+from sera_core.policy.hf import HFPolicy
+from sera_core.policy.tiny import TinyModelConfig, build_tiny
+
+TEXTS = [
+    "<thought>I check the inventory.</thought><python>print(view_inventory())</python>",
+    "Craft the following items: 3x a1_i5, 2x m3_i5_13",
+    "<action>take red apple</action> <delegate>{\"goal\": \"prepare and eat dish_2\"}</delegate>",
+    "café – naïve ✓ 12345",
+] * 40
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory):
+    path = build_tiny(tmp_path_factory.mktemp("tiny"), TEXTS, vocab_size=400, cfg=TinyModelConfig(), seed=0)
+    return HFPolicy(path, device="cpu")
+
+
+def prompt_of(policy, text):
+    return policy.chat_prompt([{"role": "user", "content": text}])
+
+
+def test_chat_template_is_chatml(policy):
+    ids = prompt_of(policy, "Craft the following items: 3x a1_i5")
+    assert policy.decode(ids) == "<|im_start|>user\nCraft the following items: 3x a1_i5<|im_end|>\n<|im_start|>assistant\n"
+    assert policy.decode(policy.tokenizer("café – naïve ✓")["input_ids"]) == "café – naïve ✓"  # byte-level round trip
+
+
+def test_greedy_is_deterministic_and_matches_a_full_forward(policy):
+    prompt = prompt_of(policy, "Craft the following items: 3x a1_i5")
+    params = SamplingParams(temperature=0.0, max_new_tokens=12)
+    a, b = policy.generate([prompt], params)[0], policy.generate([prompt], params)[0]
+    assert a.token_ids == b.token_ids and a.logprobs == b.logprobs and a.finish_reason in ("length", "eos")
+    assert a.text == policy.decode(a.token_ids)
+    with torch.no_grad():  # the KV-cached logprobs equal a plain forward over prompt + completion
+        full = torch.tensor([prompt + a.token_ids])
+        logp = torch.log_softmax(policy.model(input_ids=full).logits[0].float(), dim=-1)
+    expected = [float(logp[len(prompt) - 1 + t, tok]) for t, tok in enumerate(a.token_ids)]
+    assert a.logprobs == pytest.approx(expected, abs=1e-4)
+    assert all(lp <= 0 for lp in a.logprobs)
+    greedy = [int(logp[len(prompt) - 1 + t].argmax()) for t in range(len(a.token_ids))]
+    assert a.token_ids == greedy
+
+
+def test_left_padding_does_not_change_results(policy):
+    long, short = prompt_of(policy, "Craft the following items: 3x a1_i5, 2x m3_i5_13"), prompt_of(policy, "hi")
+    params = SamplingParams(temperature=0.0, max_new_tokens=10)
+    batched = policy.generate([long, short], params)
+    alone = [policy.generate([p], params)[0] for p in (long, short)]
+    assert [g.token_ids for g in batched] == [g.token_ids for g in alone]
+    assert batched[1].logprobs == pytest.approx(alone[1].logprobs, abs=1e-4)
+
+
+def test_seeded_sampling_is_independent_of_the_batch(policy):
+    p = prompt_of(policy, "Craft the following items: 3x a1_i5")
+    params = [SamplingParams(temperature=1.0, max_new_tokens=16, seed=s) for s in (1, 2, 1)]
+    out = policy.generate([p, p, p], params)
+    assert out[0].token_ids == out[2].token_ids != out[1].token_ids
+    assert policy.generate([p], params[0])[0].token_ids == out[0].token_ids
+
+
+def test_stop_strings_and_length(policy):
+    p = prompt_of(policy, "Craft the following items: 3x a1_i5")
+    free = policy.generate([p], SamplingParams(temperature=0.0, max_new_tokens=20))[0]
+    assert free.finish_reason == "length" and len(free.token_ids) == 20 or free.finish_reason == "eos"
+    stop = free.text[len(policy.decode(free.token_ids[:2])):][:3] or free.text[:1]
+    stopped = policy.generate([p], SamplingParams(temperature=0.0, max_new_tokens=20, stop=(stop,)))[0]
+    assert stopped.finish_reason == "stop" and stopped.stop_string == stop
+    assert stopped.text.endswith(stop) or stop in stopped.text[-(len(stop) + 8):]
+    assert stopped.token_ids == free.token_ids[: len(stopped.token_ids)] and len(stopped.token_ids) < 20
+
+
+def test_bad_inputs_fail_clearly(policy):
+    with pytest.raises(ValueError, match="at least one token"):
+        policy.generate([[]], SamplingParams())
+    with pytest.raises(ValueError, match="2 sampling params for 1 prompts"):
+        policy.generate([[1]], [SamplingParams(), SamplingParams()])
+    with pytest.raises(ValueError):
+        SamplingParams(temperature=-1)
+    assert policy.generate([], SamplingParams()) == []
