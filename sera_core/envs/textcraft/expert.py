@@ -21,6 +21,10 @@ in the sandbox, and the expert reads the *observation text* back (it parses the 
 If a craft fails or a child falls short, it looks at the inventory, explores what it
 skipped, and re-plans (at most ``max_replans`` times), then finishes anyway.
 
+Noise (off by default; seeded): ``early_finish`` makes it finish early claiming
+success, ``waste`` makes it repeat a craft and waste materials, so that counterfactual
+branches of one sub-goal contain both outcomes.
+
 :func:`solve_task` runs a whole task (root plus any children, each a fresh expert in a
 fresh context on the shared inventory), or replays the record's gold plan (``gold``).
 """
@@ -38,6 +42,7 @@ from sera_core.envs.textcraft.env import TextCraftEnv
 from sera_core.envs.textcraft.planner import InfeasiblePlan, plan_crafts
 from sera_core.envs.textcraft.tasks import render_goal
 from sera_core.envs.textcraft.world import Recipe, RecipeBook
+from sera_core.utils.seeding import rng_for
 
 MODES: tuple[str, ...] = ("flat", "delegate", "gold")
 
@@ -57,8 +62,18 @@ class ExpertConfig:
     """Re-plans after a failed craft or a short child before giving up."""
     max_info_per_cell: int = 40
     """Items looked up per ``get_info`` cell (keeps each observation well under the output cap)."""
+    early_finish: float = 0.0
+    """Noise: chance, at each turn after the first, of calling ``finish`` at once (claiming
+    success): counterfactual branches need failures as well as successes."""
+    waste: float = 0.0
+    """Noise: chance per craft cell that one of its crafts is done twice over (wasting
+    materials that later crafts may miss)."""
+    noise_seed: int = 0
+    """Seed of the noise; each agent derives its own from it and its targets."""
 
     def __post_init__(self) -> None:
+        if not (0.0 <= self.early_finish <= 1.0 and 0.0 <= self.waste <= 1.0):
+            raise ValueError("early_finish and waste are probabilities in [0, 1]")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if min(self.crafts_per_cell, self.min_delegate_depth, self.max_info_per_cell) < 1 or self.max_replans < 0:
@@ -99,6 +114,7 @@ class TextCraftExpert:
         """Direct ingredients handed to children (their subtrees are not explored)."""
         self.queue: list[dict] = []
         self.replans = 0
+        self.noise = rng_for(cfg.noise_seed, "textcraft.expert", sorted(self.targets.items()))
         self.phase = "look"
         """What the last reply asked for: look, looked, explore(d), delegated, recheck(ed),
         plan, craft(ed), done, finished."""
@@ -109,6 +125,8 @@ class TextCraftExpert:
         """The next reply, given what the previous cell printed (None on turn one)."""
         try:
             self._read(observation)
+            if observation is not None and self.phase != "finished" and self.noise.random() < self.cfg.early_finish:
+                return self._finish_reply()  # noise: give up early, claiming success
             return self._next()
         except (ValueError, SyntaxError, KeyError, TypeError) as exc:  # unexpected observation
             self.failure = f"could not read the observation ({type(exc).__name__}: {exc})"
@@ -257,6 +275,8 @@ class TextCraftExpert:
             uses = ", ".join(f"{v}x {k}" for k, v in step["ingredients"].items())
             notes.append(f"{item}: {per} per craft, {crafts} craft(s) -> {step['result_count']}, using {uses}.")
             code.append(f"print(craft({step['ingredients']!r}, ({item!r}, {step['result_count']})))")
+        if self.cfg.waste and self.noise.random() < self.cfg.waste:  # noise: one craft done twice over
+            code.insert(self.noise.randrange(len(code)), code[self.noise.randrange(len(code))])
         left = f" {len(self.queue)} craft step(s) left after this." if self.queue else " This is the last batch."
         return _reply(" ".join(notes) + left, "\n".join(code))
 
