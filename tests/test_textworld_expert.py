@@ -334,3 +334,19 @@ def test_child_opens_the_gate_when_an_item_is_nowhere(official):
     rooms = root.world.state.rooms
     assert {f"go to {r}" for r in rooms if r != "kitchen"} <= set(actions[:opened])  # looked everywhere first
     assert actions.index(f"take {entry['name']}") > opened
+
+
+def test_noise_makes_some_runs_fail_deterministically():
+    from sera_core.envs.textworld.tasks import generate_split
+
+    records = [r for r in generate_split("dev") if r["difficulty"] == "medium"][:5]
+    outcomes = []
+    for seed in range(6):
+        cfg = ExpertConfig(mode="delegate", early_finish=0.05, mistake=0.15, noise_seed=seed)
+        outcomes.append(tuple(solve_task(r, cfg)["passed"] for r in records))
+    flat = [p for row in outcomes for p in row]
+    assert any(flat) and not all(flat)
+    cfg = ExpertConfig(mode="delegate", early_finish=0.05, mistake=0.15, noise_seed=2)
+    assert tuple(solve_task(r, cfg)["passed"] for r in records) == outcomes[2]
+    with pytest.raises(ValueError):
+        ExpertConfig(mistake=-0.1)

@@ -1,6 +1,7 @@
 """The TextWorld-Sync expert: a scripted agent that plays through the block protocol.
 
-It never touches the world's state. Each turn it writes one reply (a short reasoning
+It never touches the world's state. Optional seeded noise (``early_finish``,
+``mistake``) makes some runs fail, for counterfactual branch groups with both outcomes. Each turn it writes one reply (a short reasoning
 line, then exactly one ``<action>``, ``<delegate>`` or ``<finish>`` block), the env runs
 it, and the expert reads the *observation text* back: its task from the prompt, the
 rooms from the ``go to`` entries of ``Valid actions``, what lies in a room from the
@@ -64,6 +65,7 @@ from sera_core.envs.textworld.data import (
 from sera_core.envs.textworld.env import TextWorldEnv
 from sera_core.envs.textworld.goals import goal_for_dish, goal_for_ingredient
 from sera_core.envs.textworld.world import GATE_ROOM, TOOL_ROOM
+from sera_core.utils.seeding import rng_for
 
 MODES: tuple[str, ...] = ("flat", "delegate")
 SPLITS: tuple[str, ...] = ("auto", "always", "never")
@@ -99,8 +101,18 @@ class ExpertConfig:
     open_gate: bool = True
     """Open a closed gate when needed. ``False`` only for tests: it shows that gated
     items stay hidden (and the task fails) when nobody opens it."""
+    early_finish: float = 0.0
+    """Noise: chance, at each turn after the first, of finishing at once claiming success
+    (counterfactual branches need failures as well as successes)."""
+    mistake: float = 0.0
+    """Noise: chance that a cut or cook action uses the wrong cut or appliance (an
+    irreversible mistake)."""
+    noise_seed: int = 0
+    """Seed of the noise; each agent derives its own from it and its task text."""
 
     def __post_init__(self) -> None:
+        if not (0.0 <= self.early_finish <= 1.0 and 0.0 <= self.mistake <= 1.0):
+            raise ValueError("early_finish and mistake are probabilities in [0, 1]")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.split_dishes not in SPLITS:
@@ -270,6 +282,7 @@ class TextWorldExpert:
         """The next reply, given the prompt (turn one) or the last observation."""
         if self.turn == 0:
             self._read_task(task_of(observation))
+            self.noise = rng_for(self.cfg.noise_seed, "textworld.expert", self.task)
         self.turn += 1
         self._read(observation)
         if self.failure:
@@ -277,7 +290,22 @@ class TextWorldExpert:
         if self.view.turns_left is not None and self.view.turns_left <= 1 and not self._all_done():
             self.failure = "ran out of turns"
             return self._finish()
-        return self._next()
+        if self.turn > 1 and self.noise.random() < self.cfg.early_finish:
+            return _reply("I think I am done.", "finish", "Done: " + self.task.replace("\n", " ")[:300])
+        return self._botch(self._next())
+
+    def _botch(self, reply: str) -> str:
+        """Noise: with probability ``mistake``, a cut or cook uses the wrong cut or appliance."""
+        m = re.search(r"<action>(chop|slice|dice|cook) (.+?)(?: (?:in|on) (stove|oven|grill))?</action>", reply)
+        if m is None or self.noise.random() >= self.cfg.mistake:
+            return reply
+        verb, item, appliance = m.groups()
+        if verb == "cook":
+            wrong = self.noise.choice([a for a in ("stove", "oven", "grill") if a != appliance])
+            command = f"cook {item} {'on' if wrong == 'grill' else 'in'} {wrong}"
+        else:
+            command = f"{self.noise.choice([v for v in ('chop', 'slice', 'dice') if v != verb])} {item}"
+        return reply[: m.start()] + f"<action>{command}</action>" + reply[m.end():]
 
     def _read_task(self, task: str) -> None:
         self.task = task
