@@ -36,7 +36,7 @@ def main() -> int:
     params = SamplingParams(temperature=0.0, max_new_tokens=24)
     a, b = hf.generate([prompt], params)[0], vl.generate([prompt], params)[0]
     same_tokens = a.token_ids == b.token_ids
-    max_lp_diff = max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) if same_tokens else None
+    max_lp_diff = max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) if same_tokens else None
     torch.manual_seed(1)
     perturbed = {k: v + 0.05 * torch.randn_like(v) for k, v in hf.model.state_dict().items()}
     hf.model.load_state_dict(perturbed)

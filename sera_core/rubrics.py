@@ -169,10 +169,15 @@ def _number(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _malformed(what: str, why: str, text: Any) -> Parsed:
+    """A parse failure that keeps the raw output (``repr`` of a non-string)."""
+    return Parsed(None, f"malformed {what}: {why}", text if isinstance(text, str) else repr(text))
+
+
 def parse_rubric(text: str, *, min_items: int = MIN_ITEMS, max_items: int = MAX_ITEMS) -> Parsed:
     """Validate a rubric writer's output and freeze it (see the module docstring)."""
     def bad(why: str) -> Parsed:
-        return Parsed(None, f"malformed rubric: {why}", text if isinstance(text, str) else repr(text))
+        return _malformed("rubric", why, text)
 
     data = extract_json_object(text)
     if data is None:
@@ -220,7 +225,7 @@ def parse_rubric(text: str, *, min_items: int = MIN_ITEMS, max_items: int = MAX_
 def parse_score(text: str, rubric: Rubric) -> Parsed:
     """Validate a scoring call's output against the frozen rubric; compute s = g * sum w c."""
     def bad(why: str) -> Parsed:
-        return Parsed(None, f"malformed score: {why}", text if isinstance(text, str) else repr(text))
+        return _malformed("score", why, text)
 
     data = extract_json_object(text)
     if data is None:

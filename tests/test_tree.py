@@ -237,7 +237,7 @@ def test_jsonl_round_trip_is_lossless(tmp_path, trees):
     for a, b in zip(back, trees):
         assert list(a.nodes) == list(b.nodes)
         for na, nb in zip(a.walk(), b.walk()):
-            for ta, tb in zip(na.turns, nb.turns):
+            for ta, tb in zip(na.turns, nb.turns, strict=True):
                 assert ta.logprobs == tb.logprobs
                 assert [x.hex() for x in ta.logprobs] == [x.hex() for x in tb.logprobs]  # bit for bit
     again = tmp_path / "again.jsonl"
@@ -398,7 +398,7 @@ def test_roles_for_split_characters_at_span_edges():
     ids = list(text.encode())
     roles = roles_for(ids, _byte_decode, text, "textcraft", "act")
     (start, end), = launch_spans(text, "textcraft")
-    launch_bytes = bytes(i for i, r in zip(ids, roles) if r == "launch")
+    launch_bytes = bytes(i for i, r in zip(ids, roles, strict=True) if r == "launch")
     assert launch_bytes == text[start:end].encode()  # every byte of the emoji inside, none outside
     assert roles[-4:] == ["execution"] * 4
     assert roles_for(ids, _byte_decode, None, "textcraft", "rubric") == ["rubric"] * len(ids)
