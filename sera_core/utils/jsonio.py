@@ -77,13 +77,7 @@ class JsonlCheckpoint:
             if end < len(data):
                 with open(self.path, "r+b") as fh:
                     fh.truncate(end)
-            for lineno, line in enumerate(data[:end].decode("utf-8").splitlines(), 1):
-                if line.strip():
-                    try:
-                        rec = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise ValueError(f"{self.path}:{lineno}: not valid JSON ({exc.msg})") from None
-                    self.records[rec[key]] = rec
+            self.records = {rec[key]: rec for rec in read_jsonl(self.path)}
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 

@@ -64,7 +64,7 @@ from sera_core.envs.textworld.data import (
 )
 from sera_core.envs.textworld.env import TextWorldEnv
 from sera_core.envs.textworld.goals import goal_for_dish, goal_for_ingredient
-from sera_core.envs.textworld.world import GATE_ROOM, TOOL_ROOM
+from sera_core.envs.textworld.world import GATE_ROOM, TOOL_ROOM, cook_command
 from sera_core.utils.seeding import rng_for
 
 MODES: tuple[str, ...] = ("flat", "delegate")
@@ -236,7 +236,7 @@ def _ops(state: Prep, want: Prep) -> list[tuple[str, str]] | None:
 def _command(name: str, tool: str, verb: str) -> str:
     if verb != "cook":
         return f"{verb} {name}"
-    return f"cook {name} on grill" if tool == "grill" else f"cook {name} in {tool}"
+    return cook_command(name, tool)
 
 
 # ------------------------------------------------------------------------ the expert
@@ -301,10 +301,9 @@ class TextWorldExpert:
             return reply
         verb, item, appliance = m.groups()
         if verb == "cook":
-            wrong = self.noise.choice([a for a in ("stove", "oven", "grill") if a != appliance])
-            command = f"cook {item} {'on' if wrong == 'grill' else 'in'} {wrong}"
+            command = cook_command(item, self.noise.choice([a for a in COOK_APPLIANCE.values() if a != appliance]))
         else:
-            command = f"{self.noise.choice([v for v in ('chop', 'slice', 'dice') if v != verb])} {item}"
+            command = f"{self.noise.choice([v for v in CUT_VERB.values() if v != verb])} {item}"
         return reply[: m.start()] + f"<action>{command}</action>" + reply[m.end():]
 
     def _read_task(self, task: str) -> None:

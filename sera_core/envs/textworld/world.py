@@ -399,7 +399,7 @@ class SyncWorld:
             acts.append("read cookbook")
             for i in self.held():
                 acts += [f"{v} {i.name}" for v in VERB_STATE] if i.cut == "uncut" else []
-                acts += [f"cook {i.name} in stove", f"cook {i.name} in oven", f"cook {i.name} on grill"]
+                acts += [cook_command(i.name, a) for a in COOK_APPLIANCE.values()]
             acts += [f"prepare {d}" for d in s.dishes
                      if not s.prepared[d] and all(s.items[n].place == "counter" for n in s.dishes[d])]
         if location == GATE_ROOM and s.gate == "closed":
@@ -442,11 +442,15 @@ def render_cookbook(record: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def cook_command(name: str, appliance: str) -> str:
+    """``cook <name> in stove|oven`` or ``cook <name> on grill``."""
+    return f"cook {name} {'on' if appliance == 'grill' else 'in'} {appliance}"
+
+
 def preparation_commands(name: str, preparation: tuple[str, str]) -> list[str]:
     """The commands that turn a held ingredient into ``preparation`` (cut, then cook)."""
     cook, cut = preparation
     commands = [f"{CUT_VERB[cut]} {name}"] if cut != "uncut" else []
     if cook != "raw":
-        appliance = COOK_APPLIANCE[cook]
-        commands.append(f"cook {name} {'on' if appliance == 'grill' else 'in'} {appliance}")
+        commands.append(cook_command(name, COOK_APPLIANCE[cook]))
     return commands
