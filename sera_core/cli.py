@@ -98,13 +98,10 @@ def _breakdown(rows: list[dict], key: str) -> dict[str, dict]:
     return {v: {**by[v], "success_rate": round(by[v]["passed"] / by[v]["tasks"], 4)} for v in order}
 
 
-def cmd_solve(args: argparse.Namespace) -> dict[str, Any]:
-    from sera_core.utils.jsonio import JsonlCheckpoint, read_jsonl
+def _read_tasks(args: argparse.Namespace, validate) -> tuple[list[dict], list]:
+    """The task records of ``--tasks`` (first ``--limit``), validated, with their unique ids."""
+    from sera_core.utils.jsonio import read_jsonl
 
-    mode = args.mode or ("gold" if args.format == "official" and args.env == "textcraft" else "flat")
-    if mode not in MODES[args.env]:
-        raise CommandError(f"{args.env} has expert modes {', '.join(MODES[args.env])}, not {mode!r}")
-    validate, solve, keys = _solver(args, mode)
     try:
         records = list(read_jsonl(args.tasks))
     except FileNotFoundError:
@@ -121,6 +118,17 @@ def cmd_solve(args: argparse.Namespace) -> dict[str, Any]:
     ids = [rec.get("id", rec.get("task_id", i)) for i, rec in enumerate(records)]
     if len(set(ids)) != len(ids):
         raise CommandError(f"{args.tasks}: task ids are not unique")
+    return records, ids
+
+
+def cmd_solve(args: argparse.Namespace) -> dict[str, Any]:
+    from sera_core.utils.jsonio import JsonlCheckpoint
+
+    mode = args.mode or ("gold" if args.format == "official" and args.env == "textcraft" else "flat")
+    if mode not in MODES[args.env]:
+        raise CommandError(f"{args.env} has expert modes {', '.join(MODES[args.env])}, not {mode!r}")
+    validate, solve, keys = _solver(args, mode)
+    records, ids = _read_tasks(args, validate)
     checkpoint = JsonlCheckpoint(args.out) if args.out else None
     done = checkpoint.records if checkpoint is not None else {}
     other_modes = {r.get("mode") for r in done.values()} - {mode}
@@ -150,6 +158,55 @@ def cmd_solve(args: argparse.Namespace) -> dict[str, Any]:
         "agents": sum(r["agents"] for r in rows), "steps": sum(r["total_steps"] for r in rows),
         "resumed": resumed, "seconds": round(seconds, 2),
     }
+
+
+def _actor(args: argparse.Namespace):
+    """The actor named by ``--policy``: ``expert`` or ``hf:PATH``."""
+    if args.policy == "expert":
+        from sera_core.envs.textcraft.expert import ExpertConfig as CraftConfig
+        from sera_core.envs.textworld.expert import ExpertConfig as WorldConfig
+        from sera_core.policy.expert import ExpertPolicy
+        from sera_core.policy.tiny import default_tokenizer
+
+        if args.tokenizer:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(args.tokenizer))
+        else:
+            tokenizer = default_tokenizer()
+        return ExpertPolicy(tokenizer, textcraft=CraftConfig(mode="delegate", early_finish=args.noise / 2, waste=args.noise),
+                            textworld=WorldConfig(mode="delegate", early_finish=args.noise / 2, mistake=args.noise))
+    if args.policy.startswith("hf:"):
+        path = Path(args.policy[3:])
+        if not (path / "config.json").is_file():
+            raise CommandError(f"--policy {args.policy}: {path} is not a Hugging Face model folder (no config.json)")
+        from sera_core.agents.actors import PolicyActor
+        from sera_core.policy.hf import HFPolicy
+
+        return PolicyActor(HFPolicy(path), max_batch=args.max_batch)
+    raise CommandError(f"--policy must be 'expert' or 'hf:PATH', not {args.policy!r}")
+
+
+def cmd_rollout(args: argparse.Namespace) -> dict[str, Any]:
+    from sera_core.agents.runtime import Runtime, RuntimeConfig
+    from sera_core.agents.summary import summarize, write_rollouts
+
+    if not 0.0 <= args.noise <= 1.0:
+        raise CommandError("--noise is a probability in [0, 1]")
+    cfg = RuntimeConfig(counterfactual=args.counterfactual, temperature=args.temperature, seed=args.seed,
+                        rubric_writer=args.rubric_writer, malformed_policy=args.malformed_policy)
+    if args.env == "textcraft":
+        from sera_core.envs.textcraft.tasks import validate_record
+    else:
+        from sera_core.envs.textworld.tasks import validate_record
+    records, _ = _read_tasks(args, validate_record)
+    runtime = Runtime(args.env, _actor(args), cfg, official=args.format == "official")
+    t0 = time.perf_counter()
+    rollouts = runtime.run(records, trees=args.trees, progress=True)
+    summary = {"env": args.env, "policy": args.policy, "counterfactual": args.counterfactual,
+               **summarize(rollouts, runtime.judge, time.perf_counter() - t0), "out": str(args.out)}
+    write_rollouts(args.out, rollouts, summary)
+    return summary
 
 
 def cmd_world(args: argparse.Namespace) -> dict[str, Any]:
@@ -191,6 +248,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path,
                    help="result rows (JSONL), appended as tasks finish; rerunning resumes, skipping finished tasks")
     p.set_defaults(func=cmd_solve)
+
+    p = sub.add_parser("rollout", help="play tasks as recursive agent trees; write trees and delegation points")
+    p.add_argument("--env", choices=list(SPLITS), default="textcraft", help="benchmark")
+    p.add_argument("--tasks", type=Path, required=True, help="JSONL task file")
+    p.add_argument("--format", choices=["native", "official"], default="native", help="official task records")
+    p.add_argument("--policy", default="expert", help="expert, or hf:PATH (a local Hugging Face model folder)")
+    p.add_argument("--counterfactual", type=int, default=0, metavar="B",
+                   help="branches per counterfactual group at delegation points (0: off; the paper uses 8)")
+    p.add_argument("--trees", type=int, default=1, help="rollouts per task")
+    p.add_argument("--limit", type=int, help="only the first N tasks")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of agent turns")
+    p.add_argument("--seed", type=int, default=0, help="base seed of every derived seed")
+    p.add_argument("--noise", type=float, default=0.0,
+                   help="expert: chance of a wasted craft / wrong preparation (and half of it of finishing early)")
+    p.add_argument("--rubric-writer", choices=["policy", "global"], default="policy", help="who writes rubrics")
+    p.add_argument("--malformed-policy", choices=["drop_trajectory", "drop_rollout", "binary_fallback"],
+                   default="drop_trajectory", help="what a malformed rubric or score does to the child's reward")
+    p.add_argument("--tokenizer", type=Path, help="expert: tokenizer folder (default: a built-in byte-level BPE)")
+    p.add_argument("--max-batch", type=int, default=64, help="hf: most sequences per generation batch")
+    p.add_argument("--out", type=Path, required=True, help="output folder (trees.jsonl, delegation_points.jsonl, summary.json)")
+    p.set_defaults(func=cmd_rollout)
 
     p = sub.add_parser("world", help="export the TextCraft recipe world as JSON")
     world_args(p, ("textcraft",))

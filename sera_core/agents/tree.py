@@ -101,6 +101,14 @@ def _check_json(obj: Any, where: str) -> None:
     )
 
 
+def _int_list(ids: Iterable[Any]) -> list[int]:
+    """``ids`` as a list of ints (a list of plain ints is copied without a Python loop)."""
+    ids = list(ids)
+    if set(map(type, ids)) <= {int}:
+        return ids
+    return [operator.index(i) for i in ids]
+
+
 # ---------------------------------------------------------------------------------
 # Turns
 # ---------------------------------------------------------------------------------
@@ -134,8 +142,8 @@ class Turn:
 
     def __post_init__(self) -> None:
         try:
-            self.prompt_ids = [operator.index(i) for i in self.prompt_ids]
-            self.completion_ids = [operator.index(i) for i in self.completion_ids]
+            self.prompt_ids = _int_list(self.prompt_ids)
+            self.completion_ids = _int_list(self.completion_ids)
         except TypeError as exc:
             raise ValueError(f"Turn: token ids must be integers ({exc})") from None
         try:
@@ -155,9 +163,10 @@ class Turn:
         if len(self.roles) != n:
             raise ValueError(f"Turn: {n} completion tokens but {len(self.roles)} roles (need one per token)")
         for name in ("prompt_ids", "completion_ids"):
-            for i, tok in enumerate(getattr(self, name)):
-                if type(tok) is not int or tok < 0:
-                    raise ValueError(f"Turn: {name}[{i}] = {tok!r} is not a non-negative int")
+            ids = getattr(self, name)
+            if ids and (not set(map(type, ids)) <= {int} or min(ids) < 0):  # fast path in C; find the culprit below
+                i, tok = next((i, t) for i, t in enumerate(ids) if type(t) is not int or t < 0)
+                raise ValueError(f"Turn: {name}[{i}] = {tok!r} is not a non-negative int")
         for i, lp in enumerate(self.logprobs):
             if not math.isfinite(lp):
                 raise ValueError(f"Turn: logprobs[{i}] = {lp!r} is not finite")
@@ -273,7 +282,7 @@ class Node:
             _check_json(getattr(self, name), f"Node {self.node_id}.{name}")
         return {
             "node_id": self.node_id, "parent_id": self.parent_id, "depth": self.depth, "task": self.task,
-            "turns": [t.to_json() for t in self.turns], "children": list(self.children),
+            "turns": _compact_prompts([t.to_json() for t in self.turns], self.turns), "children": list(self.children),
             "launch_step": self.launch_step, "event_id": self.event_id,
             "rubric": self.rubric, "rubric_error": self.rubric_error,
             "score": self.score, "score_error": self.score_error,
@@ -284,8 +293,37 @@ class Node:
     def from_json(cls, data: dict[str, Any]) -> Node:
         """Inverse of :meth:`to_json`."""
         fields = dict(data)
-        fields["turns"] = [Turn.from_json(t) for t in data["turns"]]
+        turns: list[Turn] = []
+        for t in data["turns"]:
+            if "prompt_extends" in t:  # the context of an earlier act turn, then its completion, then a tail
+                j = t["prompt_extends"]
+                if not isinstance(j, int) or not 0 <= j < len(turns):
+                    raise ValueError(f"Node {data.get('node_id')}: prompt_extends {j!r} is not an earlier turn")
+                base = turns[j]
+                t = {**t, "prompt_ids": base.prompt_ids + base.completion_ids + list(t["prompt_tail"])}
+                del t["prompt_extends"], t["prompt_tail"]
+            turns.append(Turn.from_json(t))
+        fields["turns"] = turns
         return cls(**fields)
+
+
+def _compact_prompts(dumped: list[dict[str, Any]], turns: list[Turn]) -> list[dict[str, Any]]:
+    """Write an act turn's prompt as ``prompt_extends`` (the previous act turn) plus
+    ``prompt_tail`` when it starts with that turn's prompt and completion: an agent's
+    context grows by appending, so a tree's size stays linear in its tokens. Lossless:
+    :meth:`Node.from_json` rebuilds the full ``prompt_ids``."""
+    last = None
+    for i, (turn, out) in enumerate(zip(turns, dumped, strict=True)):
+        if turn.kind != "act":
+            continue
+        if last is not None:
+            prev = turns[last]
+            k = len(prev.prompt_ids) + len(prev.completion_ids)
+            if turn.prompt_ids[:len(prev.prompt_ids)] == prev.prompt_ids and turn.prompt_ids[len(prev.prompt_ids):k] == prev.completion_ids:
+                del out["prompt_ids"]
+                out["prompt_extends"], out["prompt_tail"] = last, turn.prompt_ids[k:]
+        last = i
+    return dumped
 
 
 class DelegationEvent(NamedTuple):
@@ -324,6 +362,10 @@ class Tree:
     def __post_init__(self) -> None:
         if self.env not in ENVS:
             raise ValueError(f"Tree: env {self.env!r} is not one of {ENVS}")
+
+    def __repr__(self) -> str:  # short: a tree can hold millions of token ids
+        return (f"Tree({self.tree_id!r}, env={self.env!r}, task_id={self.task_id!r}, nodes={len(self.nodes)}, "
+                f"root_reward={self.root_reward!r})")
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Tree):
@@ -545,6 +587,33 @@ class Tree:
             raise ValueError(f"Tree {tree.tree_id}: duplicate node ids")
         tree.validate()
         return tree
+
+
+def subtree(tree: Tree, node_id: str, tree_id: str) -> Tree:
+    """A copy of ``node_id``'s subtree as a tree of its own, re-rooted at ``"0"``.
+
+    Ids keep their suffix (``"0.2.1"`` under ``"0.2"`` becomes ``"0.1"``), depths drop by
+    the node's depth, and ``meta["depth_offset"]`` records it; turns are copied."""
+    top = tree.nodes[node_id]
+    prefix = len(node_id)
+
+    def rename(old: str | None) -> str | None:
+        return None if old is None else tree.root_id + old[prefix:]
+
+    nodes = {}
+    for node in tree.walk(node_id):
+        data = node.to_json()
+        data.update(node_id=rename(node.node_id), children=[rename(c) for c in node.children],
+                    depth=node.depth - top.depth)
+        if node is top:
+            data.update(parent_id=None, launch_step=None, event_id=None)
+        else:
+            data.update(parent_id=rename(node.parent_id), event_id=tree.root_id + node.event_id[prefix:])
+        nodes[data["node_id"]] = Node.from_json(data)
+    out = Tree(tree_id=tree_id, env=tree.env, task_id=tree.task_id, root_id=tree.root_id, nodes=nodes,
+               meta={"source_tree": tree.tree_id, "source_node": node_id, "depth_offset": top.depth})
+    out.validate()
+    return out
 
 
 def write_trees(path: str | os.PathLike, trees: Iterable[Tree]) -> int:
@@ -785,6 +854,6 @@ def build_turn(
 
 __all__ = [
     "ENVS", "FORMAT", "KINDS", "LAUNCH_NAME", "ROLES", "DelegationEvent", "Node", "Tree", "Turn",
-    "build_turn", "dumps_tree", "launch_spans", "overlap_mask", "read_trees", "roles_for",
+    "build_turn", "dumps_tree", "launch_spans", "overlap_mask", "read_trees", "roles_for", "subtree",
     "token_char_spans", "write_trees",
 ]

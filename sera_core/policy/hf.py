@@ -48,7 +48,7 @@ class HFPolicy:
         return [int(i) for i in ids]
 
     def decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Generation]:

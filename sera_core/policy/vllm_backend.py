@@ -38,7 +38,7 @@ class VLLMPolicy:
         return [int(i) for i in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
 
     def decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Generation]:
         from vllm import SamplingParams as VSamplingParams

@@ -87,6 +87,8 @@ class AgentState:
     finished: bool = False
     finish_message: str | None = None
     context: str = ""
+    stopped: str | None = None
+    """Why the runtime ended the episode early (``loop``, ``context``), if it did."""
     verdict: dict[str, Any] | None = None
     """The checker's verdict frozen when the episode ended (finish or out of steps):
     a child's label is its net gain *then*, before its parent consumes its products."""
@@ -222,7 +224,14 @@ class TextCraftEnv:
 
     @property
     def done(self) -> bool:
-        return self.state.finished or self.state.steps >= self.state.max_steps
+        return self.state.finished or self.state.steps >= self.state.max_steps or self.state.stopped is not None
+
+    def stop(self, reason: str) -> None:
+        """End the episode from outside (the runtime's loop detector or context limit):
+        no more steps; the verdict is frozen now, like at any other end."""
+        if not self.done:
+            self.state.stopped = reason
+            self.state.verdict = asdict(self.check())
 
     def step(self, reply: str) -> StepResult:
         """Run one reply synchronously (cells that await subagents need :meth:`astep`)."""

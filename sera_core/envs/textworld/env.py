@@ -45,6 +45,8 @@ class AgentState:
     finish_message: str | None = None
     history: list[dict[str, str]] = field(default_factory=list)
     """``{"reply", "observation"}`` per turn."""
+    stopped: str | None = None
+    """Why the runtime ended the episode early (``loop``, ``context``), if it did."""
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,12 @@ class TextWorldEnv:
     # -- turns -------------------------------------------------------------------------
     @property
     def done(self) -> bool:
-        return self.state.finished or self.state.steps >= self.state.max_steps
+        return self.state.finished or self.state.steps >= self.state.max_steps or self.state.stopped is not None
+
+    def stop(self, reason: str) -> None:
+        """End the episode from outside (the runtime's loop detector or context limit)."""
+        if not self.done:
+            self.state.stopped = reason
 
     @property
     def can_delegate(self) -> bool:

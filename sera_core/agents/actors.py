@@ -1,0 +1,125 @@
+"""Actors: how the runtime asks a policy for one completion, batched across agents.
+
+The runtime makes three kinds of calls (:class:`Call`): an agent's next step (``act``),
+a rubric for a child (``rubric``) and a score for a child (``score``). An actor answers
+each with a :class:`~sera_core.policy.base.Generation` (token ids, logprobs, text).
+
+* :class:`PolicyActor` wraps a token-level policy (``hf``, ``vllm``): every call is just
+  its ``prompt_ids`` and sampling settings. Calls from all running agents of all trees
+  are collected by a :class:`Batcher` and sent to the policy together, so generation is
+  never one sequence at a time.
+* :class:`sera_core.policy.expert.ExpertPolicy` plays every role from the environments'
+  solvers; it reads the observation text (``act``) or the structured inputs the runtime
+  also puts in ``info`` (``rubric``, ``score``) and answers in the model's formats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from sera_core.policy.base import Generation, Policy, SamplingParams
+from sera_core.policy.chat import ChatFormat
+
+CALL_KINDS = ("act", "rubric", "score")
+
+
+@dataclass
+class Call:
+    """One request to an actor."""
+
+    kind: str
+    """``act``, ``rubric`` or ``score``."""
+    prompt_ids: list[int]
+    """The exact context, in the actor's token space."""
+    params: SamplingParams
+    agent: str = ""
+    """Unique key of the agent (act) or of the child the call is about (rubric, score)."""
+    observation: str | None = None
+    """act: the latest observation text (the first prompt's user text on turn one, or None)."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """Structured facts for scripted actors (ignored by model policies): see the runtime."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in CALL_KINDS:
+            raise ValueError(f"call kind {self.kind!r} is not one of {CALL_KINDS}")
+
+
+class Actor(Protocol):
+    """What the runtime needs from whoever answers its calls."""
+
+    chat: ChatFormat
+    """Token-level chat formatting in the actor's token space."""
+    enforce_context: bool
+    """Whether the runtime's context limit applies (a scripted expert needs none)."""
+
+    async def complete(self, call: Call) -> Generation:
+        """The completion of one call."""
+        ...
+
+    def release(self, agent: str) -> None:
+        """The agent ``agent`` has ended (drop any per-agent state)."""
+        ...
+
+
+class Batcher:
+    """Collects concurrent ``generate`` requests and serves them in batched policy calls.
+
+    A request waits until the event loop has gone ``settle`` rounds without a new
+    request arriving (every agent that can reach its next call has done so), then all
+    waiting requests (at most ``max_batch``) go to ``policy.generate`` together. The
+    schedule depends only on the order of events in the loop, so runs repeat exactly.
+    """
+
+    def __init__(self, policy: Policy, max_batch: int = 64, settle: int = 3):
+        if max_batch < 1 or settle < 1:
+            raise ValueError("max_batch and settle must be >= 1")
+        self.policy, self.max_batch, self.settle = policy, max_batch, settle
+        self._pending: list[tuple[list[int], SamplingParams, asyncio.Future]] = []
+        self._flusher: asyncio.Task | None = None
+        self.batches: list[int] = []
+        """Size of every batch sent, in order (for measuring batching)."""
+
+    async def generate(self, prompt: list[int], params: SamplingParams) -> Generation:
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append((prompt, params, future))
+        if self._flusher is None:
+            self._flusher = asyncio.ensure_future(self._flush())
+        return await future
+
+    async def _flush(self) -> None:
+        while self._pending:
+            seen, quiet = -1, 0
+            while quiet < self.settle and len(self._pending) < self.max_batch:
+                await asyncio.sleep(0)
+                quiet = quiet + 1 if len(self._pending) == seen else 0
+                seen = len(self._pending)
+            batch, self._pending = self._pending[:self.max_batch], self._pending[self.max_batch:]
+            self.batches.append(len(batch))
+            try:
+                outs = self.policy.generate([b[0] for b in batch], [b[1] for b in batch])
+            except Exception as exc:  # noqa: BLE001 - hand the failure to every waiting caller
+                for *_, fut in batch:
+                    fut.set_exception(exc)
+            else:
+                for (*_, fut), out in zip(batch, outs, strict=True):
+                    fut.set_result(out)
+        self._flusher = None
+
+
+class PolicyActor:
+    """A token-level policy as an actor: calls are batched through one :class:`Batcher`."""
+
+    enforce_context = True
+
+    def __init__(self, policy: Policy, *, max_batch: int = 64):
+        self.policy = policy
+        self.chat = ChatFormat(policy.tokenizer)
+        self.batcher = Batcher(policy, max_batch)
+
+    async def complete(self, call: Call) -> Generation:
+        return await self.batcher.generate(call.prompt_ids, call.params)
+
+    def release(self, agent: str) -> None:
+        return None

@@ -1,0 +1,500 @@
+"""The recursive rollout engine: one policy decomposes, delegates, writes rubrics, acts, grades.
+
+:class:`Runtime` plays root tasks as trees of agents (SPEC 1, 2, 3, 8):
+
+* **Agents.** The root gets the task; every agent has ``max_steps`` steps (20; SPEC 5)
+  and a fresh context: a system prompt (its tools, depth, whether it may delegate; at
+  the depth cap it is told it cannot) and its goal. Each turn the actor completes the
+  context; the completion's exact ids, logprobs and roles become a :class:`Turn`; the
+  environment runs the reply; the observation is appended as
+  ``context += completion_ids + glue(observation)`` (:class:`~sera_core.policy.chat.ChatFormat`),
+  so completions are never re-tokenised. An agent ends on finish, out of steps, when
+  the context is full (``context``), or, in TextCraft, when the official loop detector
+  sees a reply pattern repeated 4 times (``loop``).
+* **Delegation.** A launch (``await launch_subagent(...)`` in TextCraft, a ``<delegate>``
+  block in TextWorld) calls the runtime's hook. Before the child runs, the parent's
+  policy writes its rubric from exactly the SPEC 2/8 inputs (parent task, metadata,
+  trajectory before the delegation, the launch statement, the observable state before
+  the call, the subtask, the child's tools and budget) - never the child's future; the
+  parsed rubric is frozen on the child's node. The child runs (several children of one
+  step concurrently, unless ``sequential_children``). Then a separate scoring call sees
+  the frozen rubric, the child's trajectory and its final state and returns
+  s = g * sum_j w_j c_j; a child that did not finish gets g = 0, s = 0 with no call.
+  Malformed rubric or score output is recorded (raw text in the turn, reason on the
+  node) and resolved by ``malformed_policy``; nothing raises. Rubric and score turns
+  live on the parent's node (``meta["child"]`` names the child).
+* **Counterfactual branches** (``counterfactual = B``, SPEC 3): at a delegation, while
+  the rollout has forked fewer than ``fork_cap`` worlds (soft cap: B more must fit;
+  otherwise an ordinary child), the runtime forks the world B times and runs B children
+  of the same sub-goal from the same start concurrently. Each branch is labelled by the
+  judge and scored with the frozen rubric (branches 1..B-1 are *detached*: their scoring
+  calls live only in the delegation-point record, never in the tree). Branch 0 is the
+  real child: its world is committed to the parent and its subtree is the child's node.
+  Each group becomes one delegation-point record (:func:`delegation_point`) with the
+  ranking loss and pairwise accuracy. Discarded branches open no groups themselves.
+  With counterfactuals on, the children of one parent step run one after another
+  (``sequential_children``), so a group's fork and commit never overwrite a sibling's
+  concurrent work: the sequential order is one valid interleaving of the shared world.
+* **Batching.** Many trees run concurrently in one event loop; a
+  :class:`~sera_core.agents.actors.PolicyActor` batches every waiting call.
+* **Seeds.** Every agent's seed is ``derive_seed(seed, tree_id, node_id)`` (branch trees
+  have their own ids), and every call's seed derives from it: runs repeat exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from sera_core.agents.actors import Actor, Call
+from sera_core.agents.adapters import adapter_for
+from sera_core.agents.prompts import agent_messages, rubric_messages, score_messages, tools_text
+from sera_core.agents.tree import Node, Tree, build_turn, launch_spans, subtree
+from sera_core.judges import LLMJudge
+from sera_core.policy.base import SamplingParams
+from sera_core.rubrics import (
+    GLOBAL_RUBRIC,
+    MalformedPolicy,
+    Parsed,
+    Rubric,
+    RubricInputs,
+    Score,
+    build_rubric_prompt,
+    build_score_prompt,
+    forced_zero,
+    parse_rubric,
+    parse_score,
+    ranking_loss,
+    resolve_child_reward,
+)
+from sera_core.utils.seeding import derive_seed
+
+RUBRIC_WRITERS = ("policy", "global", "external")
+SCORERS = ("policy", "external")
+POINT_FORMAT = "sera.delegation/1"
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """How rollouts are played (defaults: the paper's evaluation contract, SPEC 5)."""
+
+    max_depth: int = 3
+    """Depth cap: agents at this depth cannot delegate (and are told so)."""
+    max_steps: int = 20
+    """Steps (turns) of every agent."""
+    root_max_steps: int | None = None
+    """The root's steps when different from ``max_steps``."""
+    temperature: float = 1.0
+    """Sampling temperature of agent turns (training 1.0; evaluation 0)."""
+    rubric_temperature: float = 1.0
+    """Temperature of rubric writing (official: 1.0)."""
+    score_temperature: float = 0.0
+    """Temperature of scoring calls (official: 0.0)."""
+    max_new_tokens: int | None = None
+    """Completion cap per agent turn (None: the benchmark's, TextCraft 512, TextWorld 3,072)."""
+    call_max_new_tokens: int = 1024
+    """Completion cap of rubric and scoring calls."""
+    max_context_tokens: int | None = None
+    """An agent's context limit (None: the benchmark's, TextCraft 10,240, TextWorld 13,312)."""
+    counterfactual: int = 0
+    """B: branches per counterfactual group (0: none; the paper uses 8)."""
+    fork_cap: int = 16
+    """Most forked worlds per root rollout (soft: a group is opened only if all B fit)."""
+    sequential_children: bool | None = None
+    """Run the children of one parent step one after another (None: only when
+    ``counterfactual`` is on)."""
+    rubric_writer: str = "policy"
+    """``policy``, ``global`` (one fixed rubric for every subtask; ablation) or ``external``."""
+    scorer: str = "policy"
+    """``policy`` or ``external`` (a second actor grades; ablation)."""
+    malformed_policy: str = "drop_trajectory"
+    """What a malformed rubric or score does to the child's reward: ``drop_trajectory``,
+    ``drop_rollout`` or ``binary_fallback``."""
+    label_children: bool = True
+    """Label every ordinary child with the judge too (RAO's rewards, the tree view);
+    branches of counterfactual groups are always labelled."""
+    max_section_chars: int = 6000
+    """Rubric/scoring prompt sections longer than this are truncated in the middle."""
+    seed: int = 0
+    """Base of every derived seed."""
+
+    def __post_init__(self) -> None:
+        if self.max_depth < 0 or self.max_steps < 1 or (self.root_max_steps is not None and self.root_max_steps < 1):
+            raise ValueError("max_depth >= 0 and max_steps, root_max_steps >= 1 are required")
+        if self.counterfactual < 0 or self.counterfactual == 1 or self.fork_cap < 0:
+            raise ValueError("counterfactual is 0 (off) or a group size >= 2; fork_cap >= 0")
+        if self.rubric_writer not in RUBRIC_WRITERS:
+            raise ValueError(f"rubric_writer must be one of {RUBRIC_WRITERS}, got {self.rubric_writer!r}")
+        if self.scorer not in SCORERS:
+            raise ValueError(f"scorer must be one of {SCORERS}, got {self.scorer!r}")
+        MalformedPolicy(self.malformed_policy)
+        for name in ("temperature", "rubric_temperature", "score_temperature"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+
+    @property
+    def sequential(self) -> bool:
+        return self.counterfactual > 0 if self.sequential_children is None else self.sequential_children
+
+
+@dataclass
+class Rollout:
+    """One played root task: its tree and its delegation-point records."""
+
+    tree: Tree
+    points: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def __repr__(self) -> str:  # short (asyncio may repr a finished task's result)
+        return f"Rollout({self.tree!r}, points={len(self.points)}, seconds={self.seconds})"
+
+
+@dataclass
+class _Shared:
+    """Per root rollout: forked worlds so far and the delegation points."""
+
+    forks: int = 0
+    points: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class _Scope:
+    """Where an agent's nodes are recorded: the main tree or a discarded branch's tree."""
+
+    tree: Tree
+    shared: _Shared
+    in_branch: bool = False
+
+
+@dataclass
+class _Agent:
+    """A running agent: its env, node and the index of its current act turn."""
+
+    env: Any
+    node: Node
+    scope: _Scope
+    key: str
+    seed: int
+    act_index: int = -1
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def render_trajectory(node: Node, upto: int | None = None) -> str:
+    """An agent's act turns (reply, observation) as text, those before ``upto`` only if given."""
+    parts = []
+    for i, turn in enumerate(node.turns[:upto]):
+        if turn.kind == "act":
+            parts.append(f"Step {i}:\n{turn.text.strip()}\nObservation:\n{(turn.observation or '').strip()}")
+    return "\n\n".join(parts) or "(no steps yet)"
+
+
+def score_json(score: Score) -> dict:
+    """A :class:`Score` as the node's JSON."""
+    return asdict(score)
+
+
+def looping(texts: Sequence[str], repeats: int, max_period: int = 5) -> bool:
+    """True when the replies end with one block of 1..``max_period`` replies repeated ``repeats`` times."""
+    for k in range(1, max_period + 1):
+        if len(texts) < k * repeats:
+            break
+        block = list(texts[-k:])
+        if all(list(texts[len(texts) - (i + 1) * k: len(texts) - i * k]) == block for i in range(repeats)):
+            return True
+    return False
+
+
+class Runtime:
+    """Plays root tasks of one benchmark with one actor (see the module docstring)."""
+
+    def __init__(self, env: str, actor: Actor, cfg: RuntimeConfig | None = None, *, judge: Any = None,
+                 external: Actor | None = None, official: bool = False):
+        self.cfg = cfg or RuntimeConfig()
+        self.adapter = adapter_for(env, **({"official": official} if env == "textcraft" else {}))
+        self.actor = actor
+        self.external = external
+        if (self.cfg.rubric_writer == "external" or self.cfg.scorer == "external") and external is None:
+            raise ValueError("an external rubric writer or scorer needs the `external` actor")
+        self.judge = judge or self.adapter.default_judge()
+        self.max_new_tokens = self.cfg.max_new_tokens or self.adapter.max_new_tokens
+        self.max_context = self.cfg.max_context_tokens or self.adapter.max_context_tokens
+        self._agents: dict[int, _Agent] = {}
+
+    # -- public ------------------------------------------------------------------------
+    async def rollout(self, record: dict, tree_id: str | None = None) -> Rollout:
+        """Play one root task to the end; errors are recorded in ``tree.meta["error"]`` (a failure)."""
+        a, cfg = self.adapter, self.cfg
+        t0 = time.perf_counter()
+        env = a.root_env(record, max_steps=cfg.root_max_steps or cfg.max_steps, max_depth=cfg.max_depth,
+                         child_max_steps=cfg.max_steps)
+        a.install_hook(env, self._delegate)
+        task_id = a.task_id(record)
+        tree = Tree.new(tree_id or task_id, a.name, task_id, a.goal(env), seed=cfg.seed)
+        for key in ("difficulty", "task_family"):
+            value = record.get(key, record.get("misc", {}).get(key))
+            if value is not None:
+                tree.meta[key] = value
+        shared = _Shared()
+        try:
+            await self._run_agent(env, tree.root, _Scope(tree, shared))
+            passed, details = a.root_result(env)
+            tree.root_reward = 1.0 if passed else 0.0
+            tree.root.result["verdict"] = details
+        except Exception as exc:  # noqa: BLE001 - one broken rollout must not kill the batch; it counts as a failure
+            tree.meta["error"] = f"{type(exc).__name__}: {exc}"
+            tree.root_reward = 0.0
+        tree.meta.update(forks=shared.forks, groups=len(shared.points))
+        return Rollout(tree, shared.points, round(time.perf_counter() - t0, 4))
+
+    async def rollouts(self, records: Sequence[dict], *, trees: int = 1, progress: bool = False) -> list[Rollout]:
+        """``trees`` rollouts of every record, all concurrently (batched through one actor).
+
+        Tree ids are ``{task_id}/t{k}``; results come back in input order."""
+        jobs = [(rec, f"{self.adapter.task_id(rec)}/t{k}") for rec in records for k in range(trees)]
+        bar = tqdm(total=len(jobs), desc=f"rollouts {self.adapter.name}", disable=not progress)
+
+        async def one(rec: dict, tid: str) -> Rollout:
+            out = await self.rollout(rec, tid)
+            bar.update(1)
+            bar.set_postfix(success=f"{out.tree.root_reward:.0f}")
+            return out
+
+        try:
+            return list(await asyncio.gather(*(one(r, t) for r, t in jobs)))
+        finally:
+            bar.close()
+
+    def run(self, records: Sequence[dict], *, trees: int = 1, progress: bool = False) -> list[Rollout]:
+        """Synchronous :meth:`rollouts` (inside a running loop, ``await rollouts(...)``)."""
+        return asyncio.run(self.rollouts(records, trees=trees, progress=progress))
+
+    # -- agents ------------------------------------------------------------------------
+    async def _run_agent(self, env: Any, node: Node, scope: _Scope) -> dict:
+        """Run one agent to its end; record its turns on ``node``; return its outcome."""
+        a, cfg = self.adapter, self.cfg
+        key = f"{scope.tree.tree_id}/{node.node_id}"
+        agent = _Agent(env, node, scope, key, derive_seed(cfg.seed, key))
+        self._agents[id(env)] = agent
+        start = a.start_facts(env)
+        observation = a.first_observation(env)
+        prompt = self.actor.chat.prompt(agent_messages(
+            a.name, a.goal(env), observation, depth=env.state.depth, max_depth=env.max_depth,
+            max_steps=env.state.max_steps))
+        texts: list[str] = []
+        try:
+            while not env.done:
+                budget = self.max_new_tokens
+                if self.actor.enforce_context:
+                    budget = min(budget, self.max_context - len(prompt))
+                    if budget <= 0:
+                        env.stop("context")
+                        break
+                params = SamplingParams(temperature=cfg.temperature, max_new_tokens=budget, stop=a.stop,
+                                        seed=derive_seed(agent.seed, "act", len(node.turns)))
+                info = {"env": a.name, "can_delegate": env.can_delegate, "seed": agent.seed, **a.expert_info(env)}
+                gen = await self.actor.complete(Call("act", prompt, params, key, observation, info))
+                turn = build_turn("act", prompt, gen.token_ids, gen.logprobs, self.actor.chat.decode, a.name,
+                                  meta={"finish_reason": gen.finish_reason})
+                agent.act_index = len(node.turns)
+                node.turns.append(turn)
+                result = await env.astep(turn.text)
+                turn.observation = observation = result.observation
+                texts.append(turn.text)
+                if env.done:
+                    break
+                if a.loop_repeats and looping(texts, a.loop_repeats):
+                    env.stop("loop")
+                    break
+                prompt = prompt + gen.token_ids + self.actor.chat.glue(observation, gen.token_ids)
+        finally:
+            self._agents.pop(id(env), None)
+            self.actor.release(key)
+        end = "finish" if env.state.finished else (env.state.stopped or "steps")
+        node.finished = bool(env.state.finished)
+        node.result.update(steps=env.state.steps, max_steps=env.state.max_steps, end=end,
+                           finish_message=env.state.finish_message)
+        observations = [t.observation for t in node.turns if t.kind == "act"]
+        return {"env": env, "end": end, "finished": node.finished, "outcome": a.outcome(env, start, observations),
+                "final_state": a.final_state(env), "result_text": env.result_text()}
+
+    # -- delegation --------------------------------------------------------------------
+    async def _delegate(self, parent_env: Any, spec: Any) -> str:
+        """The hook every launch calls: rubric, child (or branch group), score; the child's report."""
+        parent = self._agents[id(parent_env)]
+        guard = parent.lock if self.cfg.sequential else contextlib.nullcontext()
+        async with guard:
+            return await self._child(parent, spec)
+
+    async def _child(self, parent: _Agent, spec: Any) -> str:
+        a, cfg, scope = self.adapter, self.cfg, parent.scope
+        goal = a.spec_goal(parent.env, spec)
+        node = scope.tree.add_child(parent.node.node_id, goal, parent.act_index, meta={"spec": a.spec_json(spec)})
+        rubric = await self._write_rubric(parent, node, spec, goal)
+        group = cfg.counterfactual and not scope.in_branch
+        if group and scope.shared.forks + cfg.counterfactual <= cfg.fork_cap:
+            scope.shared.forks += cfg.counterfactual
+            child, score = await self._branch_group(parent, node, spec, goal, rubric)
+        else:
+            if group:
+                node.meta["counterfactual"] = "fork cap reached: ordinary child"
+            env = a.spawn(parent.env, spec)
+            child = await self._run_agent(env, node, scope)
+            if cfg.label_children or cfg.malformed_policy == MalformedPolicy.BINARY_FALLBACK.value:
+                node.label, node.result["label_reason"] = await self._label(env)
+            score, turn = await self._score(node, rubric, child, key=f"{scope.tree.tree_id}/{node.node_id}")
+            if turn is not None:
+                parent.node.turns.append(turn)
+        self._record_score(node, score, scope.tree)
+        return child["result_text"]
+
+    def _rubric_inputs(self, parent: _Agent, spec: Any, goal: str) -> RubricInputs:
+        a, env = self.adapter, parent.env
+        turn = parent.node.turns[parent.act_index]
+        spans = launch_spans(turn.text, a.name)
+        decision = "\n".join(turn.text[s:e] for s, e in spans) or turn.text
+        depth = env.state.depth
+        return RubricInputs(
+            parent_task=parent.node.task,
+            parent_metadata=f"parent depth {depth}; child depth {depth + 1} (max {env.max_depth}); "
+                            f"delegation at parent step {parent.act_index}",
+            parent_trajectory=render_trajectory(parent.node, parent.act_index),
+            delegation=decision, environment=a.observable(env), subtask=goal,
+            child_tools=tools_text(a.name, depth + 1 < env.max_depth), child_budget=a.child_budget(env, spec),
+        )
+
+    async def _write_rubric(self, parent: _Agent, node: Node, spec: Any, goal: str) -> Rubric | None:
+        """Write, parse and freeze the child's rubric (before the child exists)."""
+        cfg = self.cfg
+        if cfg.rubric_writer == "global":
+            node.rubric, node.meta["rubric_source"] = GLOBAL_RUBRIC.to_json(), "global"
+            return GLOBAL_RUBRIC
+        inputs = self._rubric_inputs(parent, spec, goal)
+        prompt_text = build_rubric_prompt(inputs, max_section_chars=cfg.max_section_chars)
+        actor = self.external if cfg.rubric_writer == "external" else self.actor
+        info = {"env": self.adapter.name, "subtask": goal, "inputs": asdict(inputs), **self.adapter.spec_json(spec)}
+        params = SamplingParams(temperature=cfg.rubric_temperature, max_new_tokens=cfg.call_max_new_tokens,
+                                seed=derive_seed(parent.seed, "rubric", node.node_id))
+        ids = actor.chat.prompt(rubric_messages(prompt_text))
+        gen = await actor.complete(Call("rubric", ids, params, f"{parent.key}>{node.node_id}", info=info))
+        if actor is self.actor:
+            turn = build_turn("rubric", ids, gen.token_ids, gen.logprobs, actor.chat.decode, self.adapter.name,
+                              meta={"child": node.node_id})
+            parent.node.turns.append(turn)
+            node.meta["rubric_turn"] = len(parent.node.turns) - 1
+            text = turn.text
+        else:
+            text = gen.text
+            node.meta.update(rubric_source="external", rubric_raw=text)
+        parsed = parse_rubric(text)
+        if parsed.ok:
+            node.rubric = parsed.value.to_json()
+            return parsed.value
+        node.rubric_error = parsed.error
+        return None
+
+    async def _score(self, node: Node, rubric: Rubric | None, child: dict, *, key: str, detached: bool = False):
+        """The child's score against the frozen rubric: ``(Score | Parsed | None, turn | None)``.
+
+        None without a valid rubric; a forced zero (no call) when the child did not finish."""
+        if rubric is None:
+            return None, None
+        if not child["finished"]:
+            return forced_zero(f"the child did not finish ({child['end']})"), None
+        cfg = self.cfg
+        prompt_text = build_score_prompt(rubric, node.task, render_trajectory(node), child["final_state"],
+                                         max_section_chars=cfg.max_section_chars)
+        actor = self.external if cfg.scorer == "external" else self.actor
+        params = SamplingParams(temperature=cfg.score_temperature, max_new_tokens=cfg.call_max_new_tokens,
+                                seed=derive_seed(cfg.seed, key, "score"))
+        ids = actor.chat.prompt(score_messages(prompt_text))
+        info = {"env": self.adapter.name, "rubric": rubric, "outcome": child["outcome"]}
+        gen = await actor.complete(Call("score", ids, params, key, info=info))
+        turn = None
+        if actor is self.actor:
+            turn = build_turn("score", ids, gen.token_ids, gen.logprobs, actor.chat.decode, self.adapter.name,
+                              meta={"child": node.node_id, "detached": detached})
+            text = turn.text
+        else:
+            text = gen.text
+            node.meta["score_raw"] = text
+        parsed = parse_score(text, rubric)
+        return (parsed.value if parsed.ok else parsed), turn
+
+    def _record_score(self, node: Node, score: Score | Parsed | None, tree: Tree) -> None:
+        """Store the score (or why there is none) and the child's resolved reward."""
+        if score is None:
+            score = Parsed(None, "no valid rubric to score against", "")
+        if isinstance(score, Score):
+            node.score = score_json(score)
+        else:
+            node.score_error = score.error
+        reward = resolve_child_reward(score, MalformedPolicy(self.cfg.malformed_policy), node.label)
+        node.result.update(reward=reward.reward, reward_source=reward.source)
+        if reward.drop_rollout:
+            tree.meta["drop_rollout"] = True
+
+    async def _label(self, env: Any) -> tuple[bool | None, str]:
+        """The judge's binary label of a finished child (None: no label)."""
+        if isinstance(self.judge, LLMJudge):
+            verdict = await asyncio.to_thread(self.judge.judge_env, env)
+        else:
+            verdict = self.judge.judge(env)
+        return verdict.success, verdict.reason
+
+    # -- counterfactual groups -----------------------------------------------------------
+    async def _branch_group(self, parent: _Agent, node: Node, spec: Any, goal: str, rubric: Rubric | None):
+        """B branches of one sub-goal on forked worlds; branch 0 is the real child."""
+        a, b_count, scope = self.adapter, self.cfg.counterfactual, parent.scope
+        state_before = a.world_json(parent.env)
+        envs = [a.fork_child(parent.env, spec) for _ in range(b_count)]
+        nodes, scopes = [node], [scope]
+        for b in range(1, b_count):
+            tree = Tree.new(f"{scope.tree.tree_id}/{node.node_id}/b{b}", a.name, scope.tree.task_id, goal,
+                            branch=b, parent_tree=scope.tree.tree_id, parent_node=node.node_id, depth_offset=node.depth)
+            nodes.append(tree.root)
+            scopes.append(_Scope(tree, scope.shared, in_branch=True))
+        children = await asyncio.gather(*(self._run_agent(envs[b], nodes[b], scopes[b]) for b in range(b_count)))
+        labels = [await self._label(env) for env in envs]
+        scored = await asyncio.gather(*(
+            self._score(nodes[b], rubric, children[b], key=f"{scopes[b].tree.tree_id}/{nodes[b].node_id}", detached=b > 0)
+            for b in range(b_count)))
+        a.commit(parent.env, envs[0])
+        parent.env.children.append(envs[0])
+        node.label, node.result["label_reason"] = labels[0]
+        if scored[0][1] is not None:
+            parent.node.turns.append(scored[0][1])
+        values = [s.final_score if isinstance(s, Score) else None for s, _ in scored]
+        ranking = ranking_loss(values, [lab for lab, _ in labels])
+        branches = []
+        for b in range(b_count):
+            score, turn = scored[b]
+            branch_tree = subtree(scope.tree, node.node_id, f"{scope.tree.tree_id}/{node.node_id}/b0") if b == 0 \
+                else scopes[b].tree
+            branches.append({
+                "branch": b, "tree": branch_tree.to_json(), "finished": children[b]["finished"],
+                "steps": children[b]["outcome"]["steps"], "end": children[b]["end"],
+                "state_after": a.world_json(envs[b]), "label": labels[b][0], "label_reason": labels[b][1],
+                "score": score_json(score) if isinstance(score, Score) else None,
+                "score_error": None if isinstance(score, Score) else (score.error if score else "no valid rubric"),
+                "score_turn": turn.to_json() if turn is not None else None,
+            })
+        act = parent.node.turns[parent.act_index]
+        scope.shared.points.append({
+            "format": POINT_FORMAT, "tree_id": scope.tree.tree_id, "env": a.name, "task_id": scope.tree.task_id,
+            "parent_id": parent.node.node_id, "child_id": node.node_id, "event_id": node.event_id,
+            "launch_step": node.launch_step,
+            "parent_prefix": {"prompt_ids": list(act.prompt_ids), "completion_ids": list(act.completion_ids),
+                              "text": render_trajectory(parent.node, parent.act_index)},
+            "subtask": goal, "rubric": node.rubric, "rubric_error": node.rubric_error,
+            "rubric_turn": node.meta.get("rubric_turn"), "state_before": state_before, "branches": branches,
+            "labels": [lab for lab, _ in labels], "scores": values,
+            "ranking": {**asdict(ranking), "reward": ranking.reward},
+        })
+        node.meta["counterfactual"] = f"group of {b_count}, branch 0 committed"
+        return children[0], scored[0][0]
