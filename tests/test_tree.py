@@ -202,7 +202,7 @@ def test_masks_partition_completion_tokens(trees):
         for node in tree.nodes.values():
             for i, turn in enumerate(node.turns):
                 masks = per_turn.get((node.node_id, i), [])
-                cover = [sum(col) for col in zip(*masks)] if masks else []
+                cover = [sum(col) for col in zip(*masks, strict=True)] if masks else []
                 assert cover == [1] * len(turn.completion_ids)  # disjoint and complete
         assert sum(tree.token_count(r) for r in ROLES) == tree.token_count()
         assert sum(tree.token_count(None, d) for d in range(4)) == tree.token_count()
@@ -234,9 +234,9 @@ def test_jsonl_round_trip_is_lossless(tmp_path, trees):
     assert write_trees(path, trees) == len(trees)
     back = read_trees(path)
     assert back == trees
-    for a, b in zip(back, trees):
+    for a, b in zip(back, trees, strict=True):
         assert list(a.nodes) == list(b.nodes)
-        for na, nb in zip(a.walk(), b.walk()):
+        for na, nb in zip(a.walk(), b.walk(), strict=True):
             for ta, tb in zip(na.turns, nb.turns, strict=True):
                 assert ta.logprobs == tb.logprobs
                 assert [x.hex() for x in ta.logprobs] == [x.hex() for x in tb.logprobs]  # bit for bit

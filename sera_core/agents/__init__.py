@@ -1,8 +1,16 @@
-"""Recursive agents: the rollout record (:mod:`sera_core.agents.tree`) and the runtime.
+"""Recursive agents: the runtime that plays them and the record it writes.
 
-:mod:`sera_core.agents.tree` holds one :class:`~sera_core.agents.tree.Tree` per
-rollout: nodes (agents) with their turns' exact prompt/completion token ids, the
-logprobs recorded at generation, and a role per completion token (``execution``,
-``launch``, ``rubric``, ``score``), from which the three training objectives take
-their disjoint token masks.
+* :mod:`~sera_core.agents.runtime`: :class:`~sera_core.agents.runtime.Runtime` plays root
+  tasks as trees of agents (delegation, frozen rubrics, the scorer, counterfactual
+  branch groups), batching every agent's calls through one actor.
+* :mod:`~sera_core.agents.actors`: who answers the runtime's calls (a token-level policy
+  through a batcher; the expert lives in :mod:`sera_core.policy.expert`).
+* :mod:`~sera_core.agents.adapters`: what the runtime needs from each benchmark.
+* :mod:`~sera_core.agents.prompts`: what agents and rubric/score calls are shown.
+* :mod:`~sera_core.agents.tree`: one :class:`~sera_core.agents.tree.Tree` per rollout:
+  nodes with their turns' exact prompt/completion ids, logprobs and one role per
+  completion token (``execution``, ``launch``, ``rubric``, ``score``): the three
+  training objectives' disjoint token masks.
+* :mod:`~sera_core.agents.summary`: run files and the batch summary.
+* :mod:`~sera_core.agents.view`: text views of trees and branch groups; a notebook browser.
 """

@@ -339,7 +339,7 @@ class Runtime:
         group = cfg.counterfactual and not scope.in_branch
         if group and scope.shared.forks + cfg.counterfactual <= cfg.fork_cap:
             scope.shared.forks += cfg.counterfactual
-            child, score = await self._branch_group(parent, node, spec, goal, rubric)
+            child = await self._branch_group(parent, node, spec, goal, rubric)
         else:
             if group:
                 node.meta["counterfactual"] = "fork cap reached: ordinary child"
@@ -350,7 +350,7 @@ class Runtime:
             score, turn = await self._score(node, rubric, child, key=f"{scope.tree.tree_id}/{node.node_id}")
             if turn is not None:
                 parent.node.turns.append(turn)
-        self._record_score(node, score, scope.tree)
+            self._record_score(node, score, scope.tree)
         return child["result_text"]
 
     def _rubric_inputs(self, parent: _Agent, spec: Any, goal: str) -> RubricInputs:
@@ -469,8 +469,10 @@ class Runtime:
         node.label, node.result["label_reason"] = labels[0]
         if scored[0][1] is not None:
             parent.node.turns.append(scored[0][1])
+        self._record_score(node, scored[0][0], scope.tree)
         values = [s.final_score if isinstance(s, Score) else None for s, _ in scored]
         ranking = ranking_loss(values, [lab for lab, _ in labels])
+        node.meta["counterfactual"] = f"group of {b_count}, branch 0 committed"
         branches = []
         for b in range(b_count):
             score, turn = scored[b]
@@ -496,5 +498,4 @@ class Runtime:
             "labels": [lab for lab, _ in labels], "scores": values,
             "ranking": {**asdict(ranking), "reward": ranking.reward},
         })
-        node.meta["counterfactual"] = f"group of {b_count}, branch 0 committed"
-        return children[0], scored[0][0]
+        return children[0]

@@ -756,7 +756,7 @@ def _textcraft_launch_spans(text: str) -> list[tuple[int, int]]:
         tree = ast.parse(code)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         spans = []
-        for start, end in zip(line_starts, line_ends):
+        for start, end in zip(line_starts, line_ends, strict=True):
             line = code[start:end]
             if _LAUNCH_CALL.search(line):
                 lead = len(line) - len(line.lstrip())

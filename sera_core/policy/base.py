@@ -19,7 +19,7 @@ decoded text. Conventions shared by all backends:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,9 @@ class Generation:
 
 class Policy(Protocol):
     """What the runtime needs from a policy backend."""
+
+    tokenizer: Any
+    """The Hugging Face tokenizer of the model (its chat template formats prompts)."""
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Generation]:
         """One completion per prompt (``params`` shared or one per prompt)."""

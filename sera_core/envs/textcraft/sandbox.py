@@ -771,7 +771,7 @@ class SandboxExecutor:
             return builtins.iter(obj)
 
         def map(function: Callable[..., Any], iterable: Any, *iterables: Any) -> Iterator[Any]:
-            for args in builtins.zip(iterable, *iterables):
+            for args in builtins.zip(iterable, *iterables, strict=False):
                 tick()
                 yield function(*args)
 
