@@ -155,3 +155,25 @@ def test_textworld_rejects_unknown_splits_and_modes(tmp_path, capsys):
     (tmp_path / "bad.jsonl").write_text(json.dumps({"task_id": "x"}) + "\n")
     assert main(["solve", "--env", "textworld", "--tasks", str(tmp_path / "bad.jsonl")]) == 2
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["command"] == "solve"
+
+
+def test_rollout_writes_trees_points_and_summary(tmp_path, capsys):
+    from sera_core.agents.summary import read_points
+    from sera_core.agents.tree import read_trees
+
+    tasks = tmp_path / "dev.jsonl"
+    assert main(["tasks", "--env", "textworld", "--split", "dev", "--limit", "2", "--out", str(tasks)]) == 0
+    capsys.readouterr()
+    out = tmp_path / "run"
+    assert main(["rollout", "--env", "textworld", "--tasks", str(tasks), "--counterfactual", "4", "--noise", "0.2",
+                 "--out", str(out)]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["command"] == "rollout" and summary["trees"] == 2 and summary["rubrics"]["validity"] == 1.0
+    assert json.loads((out / "summary.json").read_text()) == {k: v for k, v in summary.items() if k != "command"}
+    trees, points = read_trees(out / "trees.jsonl"), read_points(out / "delegation_points.jsonl")
+    assert len(trees) == 2 and summary["groups"]["total"] == len(points) > 0
+    assert all(len(p["branches"]) == 4 for p in points)
+    assert main(["rollout", "--env", "textworld", "--tasks", str(tasks), "--policy", "gpt", "--out", str(out)]) == 2
+    assert "--policy must be" in capsys.readouterr().out
+    assert main(["rollout", "--env", "textworld", "--tasks", str(tasks), "--policy", f"hf:{tmp_path}", "--out", str(out)]) == 2
+    assert "not a Hugging Face model folder" in capsys.readouterr().out
