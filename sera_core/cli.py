@@ -24,6 +24,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -184,7 +185,25 @@ def _actor(args: argparse.Namespace):
         from sera_core.policy.hf import HFPolicy
 
         return PolicyActor(HFPolicy(path), max_batch=args.max_batch)
-    raise CommandError(f"--policy must be 'expert' or 'hf:PATH', not {args.policy!r}")
+    if args.policy.startswith("vllm:"):
+        from sera_core.agents.actors import PolicyActor
+        from sera_core.policy.vllm_backend import VLLMPolicy
+
+        return PolicyActor(VLLMPolicy(args.policy[5:]), max_batch=args.max_batch)
+    raise CommandError(f"--policy must be 'expert', 'hf:PATH' or 'vllm:PATH', not {args.policy!r}")
+
+
+def _external(args: argparse.Namespace):
+    """The external rubric writer/scorer (an OpenAI-compatible endpoint), when one is asked for."""
+    if "external" not in (args.rubric_writer, args.scorer):
+        return None
+    if not args.external_url:
+        raise CommandError("--rubric-writer/--scorer external needs --external-url (and --external-model)")
+    from sera_core.agents.actors import ExternalChatActor
+    from sera_core.judges import LLMJudge, LLMJudgeConfig
+
+    return ExternalChatActor(LLMJudge(LLMJudgeConfig(base_url=args.external_url, model=args.external_model,
+                                                     api_key_env="SERA_EXTERNAL_API_KEY")))
 
 
 def cmd_rollout(args: argparse.Namespace) -> dict[str, Any]:
@@ -194,17 +213,20 @@ def cmd_rollout(args: argparse.Namespace) -> dict[str, Any]:
     if not 0.0 <= args.noise <= 1.0:
         raise CommandError("--noise is a probability in [0, 1]")
     cfg = RuntimeConfig(counterfactual=args.counterfactual, temperature=args.temperature, seed=args.seed,
-                        rubric_writer=args.rubric_writer, malformed_policy=args.malformed_policy)
+                        rubric_writer=args.rubric_writer, scorer=args.scorer, malformed_policy=args.malformed_policy)
+    external = _external(args)
     if args.env == "textcraft":
         from sera_core.envs.textcraft.tasks import validate_record
     else:
         from sera_core.envs.textworld.tasks import validate_record
     records, _ = _read_tasks(args, validate_record)
-    runtime = Runtime(args.env, _actor(args), cfg, official=args.format == "official")
+    runtime = Runtime(args.env, _actor(args), cfg, external=external, official=args.format == "official")
     t0 = time.perf_counter()
     rollouts = runtime.run(records, trees=args.trees, progress=True)
     summary = {"env": args.env, "policy": args.policy, "counterfactual": args.counterfactual,
                **summarize(rollouts, runtime.judge, time.perf_counter() - t0), "out": str(args.out)}
+    if external is not None:
+        summary["external"] = asdict(external.stats)
     write_rollouts(args.out, rollouts, summary)
     return summary
 
@@ -253,7 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", choices=list(SPLITS), default="textcraft", help="benchmark")
     p.add_argument("--tasks", type=Path, required=True, help="JSONL task file")
     p.add_argument("--format", choices=["native", "official"], default="native", help="official task records")
-    p.add_argument("--policy", default="expert", help="expert, or hf:PATH (a local Hugging Face model folder)")
+    p.add_argument("--policy", default="expert",
+                   help="expert, hf:PATH (a local Hugging Face model folder) or vllm:PATH (GPU, [gpu] extra)")
     p.add_argument("--counterfactual", type=int, default=0, metavar="B",
                    help="branches per counterfactual group at delegation points (0: off; the paper uses 8)")
     p.add_argument("--trees", type=int, default=1, help="rollouts per task")
@@ -262,7 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="base seed of every derived seed")
     p.add_argument("--noise", type=float, default=0.0,
                    help="expert: chance of a wasted craft / wrong preparation (and half of it of finishing early)")
-    p.add_argument("--rubric-writer", choices=["policy", "global"], default="policy", help="who writes rubrics")
+    p.add_argument("--rubric-writer", choices=["policy", "global", "external"], default="policy",
+                   help="who writes rubrics (global: one fixed rubric; external: --external-url)")
+    p.add_argument("--scorer", choices=["policy", "external"], default="policy", help="who scores children")
+    p.add_argument("--external-url", help="OpenAI-compatible endpoint of the external model (key: $SERA_EXTERNAL_API_KEY)")
+    p.add_argument("--external-model", default="external", help="model name sent to the external endpoint")
     p.add_argument("--malformed-policy", choices=["drop_trajectory", "drop_rollout", "binary_fallback"],
                    default="drop_trajectory", help="what a malformed rubric or score does to the child's reward")
     p.add_argument("--tokenizer", type=Path, help="expert: tokenizer folder (default: a built-in byte-level BPE)")

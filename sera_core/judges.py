@@ -412,10 +412,36 @@ class LLMJudge(_Judge):
             headers["Authorization"] = f"Bearer {key}"
         return headers
 
-    def _post_with_retries(self, messages: list[dict[str, str]]) -> tuple[dict[str, Any], int]:
+    def chat(self, messages: list[dict[str, str]], *, temperature: float | None = None,
+             max_tokens: int | None = None) -> dict[str, Any]:
+        """One free-form chat completion from the same endpoint (e.g. an external model that
+        writes or scores rubrics). Never raises; returns ``content`` (None on failure),
+        ``error``, ``requests``, ``input_tokens`` and ``output_tokens`` (estimated like the
+        judge's when the endpoint omits ``usage``); the judge's counters are not touched."""
+        try:
+            response, requests = self._post_with_retries(messages, temperature, max_tokens)
+        except _RequestError as exc:
+            return {"content": None, "error": str(exc), "requests": exc.attempts, "input_tokens": 0, "output_tokens": 0}
+        try:
+            content = response["choices"][0]["message"]["content"]
+        except (KeyError, IndexError, TypeError):
+            content = None
+        usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
+        tokens_in, tokens_out = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if not isinstance(tokens_in, int) or isinstance(tokens_in, bool):
+            tokens_in = len("".join(m["content"] for m in messages)) // 4
+        if not isinstance(tokens_out, int) or isinstance(tokens_out, bool):
+            tokens_out = len(content) // 4 if isinstance(content, str) else 0
+        error = None if isinstance(content, str) else "the reply holds no message content"
+        return {"content": content if isinstance(content, str) else None, "error": error, "requests": requests,
+                "input_tokens": tokens_in, "output_tokens": tokens_out}
+
+    def _post_with_retries(self, messages: list[dict[str, str]], temperature: float | None = None,
+                           max_tokens: int | None = None) -> tuple[dict[str, Any], int]:
         cfg = self.config
-        body = json.dumps({"model": cfg.model, "messages": messages, "temperature": cfg.temperature,
-                           "max_tokens": cfg.max_tokens}).encode("utf-8")
+        body = json.dumps({"model": cfg.model, "messages": messages,
+                           "temperature": cfg.temperature if temperature is None else temperature,
+                           "max_tokens": cfg.max_tokens if max_tokens is None else max_tokens}).encode("utf-8")
         url = cfg.base_url.rstrip("/") + "/chat/completions"
         attempts = 0
         while True:

@@ -368,3 +368,53 @@ def test_config_validation():
     for bad in ({"counterfactual": 1}, {"max_steps": 0}, {"malformed_policy": "ignore"}, {"temperature": -1}):
         with pytest.raises(ValueError):
             replace(RuntimeConfig(), **bad)
+
+
+def test_external_model_over_http_writes_and_scores(tokenizer):
+    from http_endpoint import Endpoint, completion
+
+    from sera_core.agents.actors import ExternalChatActor
+    from sera_core.judges import LLMJudge, LLMJudgeConfig
+
+    good = json.dumps({"success": True, "criterion_scores": [{"name": n, "score": 1.0} for n in ITEMS]})
+    endpoint = Endpoint()
+    try:
+        endpoint.push(body=completion(GOOD_RUBRIC, usage=(300, 120)))
+        endpoint.push(body=completion(good, usage=(500, 40)))
+        client = LLMJudge(LLMJudgeConfig(base_url=endpoint.url, model="writer", max_retries=0, timeout_s=5.0))
+        external = ExternalChatActor(client)
+        record = {**make_record(), "task_id": "tw_hand_made"}
+        runtime = Runtime("textworld", PolicyActor(ScriptedPolicy(tokenizer, delegating_script("unused", "unused"))),
+                          RuntimeConfig(rubric_writer="external", scorer="external"), external=external)
+        child = runtime.run([record])[0].tree.nodes["0.1"]
+        assert child.rubric == json.loads(json.dumps(parse_rubric_json(GOOD_RUBRIC)))
+        assert child.score["final_score"] == pytest.approx(1.0) and child.meta["score_call"]["input_tokens"] == 500
+        first, second = (r["body"] for r in endpoint.received)
+        assert "Delegated subtask" in first["messages"][1]["content"] and first["temperature"] == 1.0
+        assert "Sub-agent trajectory" in second["messages"][1]["content"] and second["temperature"] == 0.0
+        assert (external.stats.calls, external.stats.input_tokens, external.stats.output_tokens) == (2, 800, 160)
+        endpoint.push(status=500, body={"error": "down"})  # a failed writer: recorded as malformed, never raised
+        child = runtime.run([record])[0].tree.nodes["0.1"]
+        assert child.rubric is None and child.meta["rubric_call"]["error"].startswith("HTTP 500")
+        assert external.stats.failures == 1
+    finally:
+        endpoint.close()
+
+
+def parse_rubric_json(text: str) -> dict:
+    from sera_core.rubrics import parse_rubric
+
+    return parse_rubric(text).value.to_json()
+
+
+def test_counterfactual_rollouts_repeat_bit_for_bit(tokenizer):
+    actor = ExpertPolicy(tokenizer, textworld=tw_expert.ExpertConfig(mode="delegate", mistake=0.2, early_finish=0.05))
+    task = tw_task("conflict", "medium")
+
+    def run(seed):
+        out = Runtime("textworld", actor, RuntimeConfig(counterfactual=4, seed=seed)).run([task])[0]
+        return dumps_tree(out.tree), json.dumps(out.points, sort_keys=True)
+
+    first = run(0)
+    assert run(0) == first
+    assert run(1) != first  # the seed reaches the branches' noise

@@ -40,6 +40,8 @@ class Call:
     """act: the latest observation text (the first prompt's user text on turn one, or None)."""
     info: dict[str, Any] = field(default_factory=dict)
     """Structured facts for scripted actors (ignored by model policies): see the runtime."""
+    messages: list[dict[str, str]] | None = None
+    """rubric, score: the chat messages ``prompt_ids`` encode (for text-level actors)."""
 
     def __post_init__(self) -> None:
         if self.kind not in CALL_KINDS:
@@ -49,8 +51,9 @@ class Call:
 class Actor(Protocol):
     """What the runtime needs from whoever answers its calls."""
 
-    chat: ChatFormat
-    """Token-level chat formatting in the actor's token space."""
+    chat: ChatFormat | None
+    """Token-level chat formatting in the actor's token space (None: a text-level actor,
+    only usable as the external rubric writer or scorer)."""
     enforce_context: bool
     """Whether the runtime's context limit applies (a scripted expert needs none)."""
 
@@ -120,6 +123,50 @@ class PolicyActor:
 
     async def complete(self, call: Call) -> Generation:
         return await self.batcher.generate(call.prompt_ids, call.params)
+
+    def release(self, agent: str) -> None:
+        return None
+
+
+@dataclass
+class ExternalStats:
+    """What an external model cost: calls, HTTP requests, failures, tokens."""
+
+    calls: int = 0
+    requests: int = 0
+    failures: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+class ExternalChatActor:
+    """An external model behind an OpenAI-compatible endpoint, as the rubric writer and/or
+    scorer of the Table 3 ablations (``RuntimeConfig.rubric_writer/scorer = "external"``).
+
+    It answers ``rubric`` and ``score`` calls from their chat messages through
+    :meth:`sera_core.judges.LLMJudge.chat` (timeouts, retries with backoff); it has no
+    token space (``chat = None``), so its outputs are text, recorded on the child's node.
+    A failed request gives empty text, which the runtime records as malformed output.
+    ``stats`` counts calls, requests, failures and tokens (external supervision cost)."""
+
+    chat = None
+    enforce_context = False
+
+    def __init__(self, client: Any):
+        self.client = client
+        self.stats = ExternalStats()
+
+    async def complete(self, call: Call) -> Generation:
+        if call.kind == "act" or call.messages is None:
+            raise ValueError("an external chat model only writes or scores rubrics (it needs the call's messages)")
+        out = await asyncio.to_thread(self.client.chat, call.messages, temperature=call.params.temperature,
+                                      max_tokens=call.params.max_new_tokens)
+        s = self.stats
+        s.calls, s.requests = s.calls + 1, s.requests + out["requests"]
+        s.failures += out["content"] is None
+        s.input_tokens, s.output_tokens = s.input_tokens + out["input_tokens"], s.output_tokens + out["output_tokens"]
+        meta = {k: out[k] for k in ("error", "input_tokens", "output_tokens")}
+        return Generation([], [], out["content"] or "", "stop" if out["content"] is not None else "error", meta=meta)
 
     def release(self, agent: str) -> None:
         return None

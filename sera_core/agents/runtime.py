@@ -217,6 +217,8 @@ class Runtime:
                  external: Actor | None = None, official: bool = False):
         self.cfg = cfg or RuntimeConfig()
         self.adapter = adapter_for(env, **({"official": official} if env == "textcraft" else {}))
+        if actor.chat is None:
+            raise ValueError("the policy actor needs a token space (chat); text-level actors only serve as `external`")
         self.actor = actor
         self.external = external
         if (self.cfg.rubric_writer == "external" or self.cfg.scorer == "external") and external is None:
@@ -380,8 +382,10 @@ class Runtime:
         info = {"env": self.adapter.name, "subtask": goal, "inputs": asdict(inputs), **self.adapter.spec_json(spec)}
         params = SamplingParams(temperature=cfg.rubric_temperature, max_new_tokens=cfg.call_max_new_tokens,
                                 seed=derive_seed(parent.seed, "rubric", node.node_id))
-        ids = actor.chat.prompt(rubric_messages(prompt_text))
-        gen = await actor.complete(Call("rubric", ids, params, f"{parent.key}>{node.node_id}", info=info))
+        messages = rubric_messages(prompt_text)
+        ids = actor.chat.prompt(messages) if actor.chat is not None else []
+        gen = await actor.complete(Call("rubric", ids, params, f"{parent.key}>{node.node_id}", info=info,
+                                        messages=messages))
         if actor is self.actor:
             turn = build_turn("rubric", ids, gen.token_ids, gen.logprobs, actor.chat.decode, self.adapter.name,
                               meta={"child": node.node_id})
@@ -390,7 +394,7 @@ class Runtime:
             text = turn.text
         else:
             text = gen.text
-            node.meta.update(rubric_source="external", rubric_raw=text)
+            node.meta.update(rubric_source="external", rubric_raw=text, rubric_call=gen.meta)
         parsed = parse_rubric(text)
         if parsed.ok:
             node.rubric = parsed.value.to_json()
@@ -412,9 +416,10 @@ class Runtime:
         actor = self.external if cfg.scorer == "external" else self.actor
         params = SamplingParams(temperature=cfg.score_temperature, max_new_tokens=cfg.call_max_new_tokens,
                                 seed=derive_seed(cfg.seed, key, "score"))
-        ids = actor.chat.prompt(score_messages(prompt_text))
+        messages = score_messages(prompt_text)
+        ids = actor.chat.prompt(messages) if actor.chat is not None else []
         info = {"env": self.adapter.name, "rubric": rubric, "outcome": child["outcome"]}
-        gen = await actor.complete(Call("score", ids, params, key, info=info))
+        gen = await actor.complete(Call("score", ids, params, key, info=info, messages=messages))
         turn = None
         if actor is self.actor:
             turn = build_turn("score", ids, gen.token_ids, gen.logprobs, actor.chat.decode, self.adapter.name,
@@ -422,7 +427,7 @@ class Runtime:
             text = turn.text
         else:
             text = gen.text
-            node.meta["score_raw"] = text
+            node.meta.update(score_raw=text, score_call=gen.meta)
         parsed = parse_score(text, rubric)
         return (parsed.value if parsed.ok else parsed), turn
 
