@@ -231,6 +231,35 @@ def cmd_rollout(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
+def cmd_tiny(args: argparse.Namespace) -> dict[str, Any]:
+    from sera_core.tiny.recipe import ASSETS, SMALL, TinyRecipe, build, read_manifest, write_manifest
+
+    if args.action == "build":
+        recipe = SMALL if args.small else TinyRecipe()
+        out = args.out or Path.home() / ".cache" / "sera" / "tiny" / recipe.config_hash()
+        manifest = build(recipe, out, progress=True)
+        return {"action": "build", "out": str(out), "recipe_hash": manifest["recipe_hash"],
+                "parameters": manifest["parameters"], "build_seconds": manifest["build_seconds"],
+                "final_loss": manifest["training"]["final_loss"], "weights_sha256": manifest["weights_sha256"]}
+    from sera_core.envs.textcraft.tasks import generate_split as craft_split
+    from sera_core.envs.textworld.tasks import generate_split as world_split
+    from sera_core.tiny.measure import measure
+
+    model = args.out or ASSETS
+    if not (Path(model) / "config.json").is_file():
+        raise CommandError(f"{model} holds no model (run `sera tiny build` first)")
+    per = args.tasks // 4
+    craft = craft_split("val")
+    by_level = {d: [t for t in craft if t["misc"]["difficulty"] == d][:per] for d in ("easy", "medium", "hard", "extreme")}
+    tasks = {"textcraft": [t for v in by_level.values() for t in v], "textworld": world_split("test")[:: 1400 // args.tasks]}
+    results = measure(model, tasks, groups=args.groups)
+    if args.record:
+        manifest = read_manifest(model)
+        manifest["results"] = results
+        write_manifest(Path(model), manifest)
+    return {"action": "measure", "model": str(model), **results}
+
+
 def cmd_world(args: argparse.Namespace) -> dict[str, Any]:
     from sera_core.envs.textcraft.world import generate_world
 
@@ -296,6 +325,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int, default=64, help="hf: most sequences per generation batch")
     p.add_argument("--out", type=Path, required=True, help="output folder (trees.jsonl, delegation_points.jsonl, summary.json)")
     p.set_defaults(func=cmd_rollout)
+
+    p = sub.add_parser("tiny", help="build or measure the embedded tiny model")
+    p.add_argument("action", choices=["build", "measure"])
+    p.add_argument("--small", action="store_true", help="build: the small test recipe (seconds)")
+    p.add_argument("--out", type=Path,
+                   help="build: output folder (default ~/.cache/sera/tiny/<recipe hash>); measure: the model folder "
+                        "(default: the shipped model)")
+    p.add_argument("--tasks", type=int, default=100, help="measure: tasks per benchmark (TextCraft: a quarter per level)")
+    p.add_argument("--groups", type=int, default=8, help="measure: tasks played with counterfactual groups at temperature 1")
+    p.add_argument("--record", action="store_true", help="measure: write the results into the model's manifest")
+    p.set_defaults(func=cmd_tiny)
 
     p = sub.add_parser("world", help="export the TextCraft recipe world as JSON")
     world_args(p, ("textcraft",))

@@ -47,13 +47,24 @@ class TinyModelConfig:
     """Longest sequence."""
 
 
+PRETOKEN_PATTERN = r" ?[A-Za-z]+[0-9]*(?:_[A-Za-z]*[0-9]+)+| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+"
+"""Pre-tokens: identifiers with underscores and digits (``a1_i5_13``, ``raw_o2``) as one
+piece, words, numbers, punctuation runs and whitespace (GPT-2 style, an optional leading
+space). BPE merges only inside a pre-token, so an identifier becomes one token when the
+vocabulary holds it and is never glued to its neighbours."""
+
+
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 1000):
-    """A byte-level BPE ``PreTrainedTokenizerFast`` trained on ``texts`` (ChatML specials)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    """A byte-level BPE ``PreTrainedTokenizerFast`` trained on ``texts`` (ChatML specials;
+    pre-tokenised by :data:`PRETOKEN_PATTERN`, then bytes, so any text round-trips)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKEN_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)

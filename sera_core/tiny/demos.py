@@ -1,0 +1,151 @@
+"""Expert demonstrations for the imitation warm start, as token-exact samples.
+
+A small transformer that imitates transcripts of *one* recipe world memorises plans
+instead of reading observations. So every TextCraft demonstration task comes from a
+freshly generated world (new item names and recipes: world seeds ``world_seed`` ...),
+and TextWorld tasks come from the train split (train-fold foods); evaluation uses the
+standard val world (seed 0) and the test fold, which training never sees.
+
+The expert plays the tasks through the real runtime (:class:`~sera_core.agents.runtime.Runtime`
+with :class:`~sera_core.policy.expert.ExpertPolicy`), so the samples are exactly what the
+model will see and must write: every turn's prompt and completion ids in the model's
+token space. All three roles are covered: act turns (execution and launch tokens), rubric
+calls and scoring calls. A share of the rollouts is played by a *noisy* expert with
+counterfactual groups, so failed children are scored too (the scorer sees both outcomes);
+the detached scoring calls of the branches are samples as well.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from sera_core.agents.runtime import Rollout, Runtime, RuntimeConfig
+from sera_core.agents.tree import Turn
+from sera_core.envs.textcraft.expert import ExpertConfig as CraftExpert
+from sera_core.envs.textcraft.tasks import TaskConfig as CraftTasks
+from sera_core.envs.textcraft.tasks import generate_split as craft_split
+from sera_core.envs.textcraft.world import WorldConfig
+from sera_core.envs.textworld.expert import ExpertConfig as WorldExpert
+from sera_core.envs.textworld.tasks import generate_split as world_split
+from sera_core.policy.expert import ExpertPolicy
+from sera_core.tiny.sft import Sample
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Which demonstrations to draw."""
+
+    textcraft_worlds: int = 150
+    """Fresh TextCraft worlds (one generated recipe world each)."""
+    textcraft_mix: dict[str, int] = field(default_factory=lambda: {"easy": 3, "medium": 1})
+    """Tasks per world, by difficulty."""
+    world_seed: int = 1000
+    """Seed of the first training world (the val world is seed 0: never trained on)."""
+    textworld_tasks: int = 150
+    """TextWorld tasks from the train split (train-fold foods), spread over its order."""
+    noisy_every: int = 3
+    """Every n-th task is played by the noisy expert with counterfactual groups of 4."""
+    seed: int = 0
+    """Seed of the runtime (and so of the noisy expert's choices)."""
+
+    def __post_init__(self) -> None:
+        if self.textcraft_worlds < 0 or self.textworld_tasks < 0 or self.noisy_every < 1:
+            raise ValueError("textcraft_worlds, textworld_tasks >= 0 and noisy_every >= 1 are required")
+        if any(n < 0 for n in self.textcraft_mix.values()):
+            raise ValueError("textcraft_mix counts must be >= 0")
+
+
+NOISY_CRAFT = CraftExpert(mode="delegate", waste=0.3, early_finish=0.1)
+NOISY_WORLD = WorldExpert(mode="delegate", mistake=0.15, early_finish=0.05)
+
+
+def textcraft_tasks(cfg: DemoConfig) -> list[dict]:
+    """``textcraft_mix`` tasks from each of ``textcraft_worlds`` fresh worlds."""
+    tasks = []
+    for k in range(cfg.textcraft_worlds):
+        seed = cfg.world_seed + k
+        task_cfg = CraftTasks(world=WorldConfig(seed=seed), seed=seed, splits={"train": dict(cfg.textcraft_mix)})
+        tasks += [{**t, "id": f"demo.w{seed}.{i}"} for i, t in enumerate(craft_split("train", task_cfg))]
+    return tasks
+
+
+def textworld_tasks(cfg: DemoConfig) -> list[dict]:
+    """``textworld_tasks`` records spread evenly over the train split."""
+    if cfg.textworld_tasks == 0:
+        return []
+    split = world_split("train")
+    step = max(1, len(split) // cfg.textworld_tasks)
+    return split[::step][: cfg.textworld_tasks]
+
+
+def turn_samples(turns: list[Turn]) -> Iterator[Sample]:
+    """One sample per turn: the exact prompt ids and completion ids."""
+    for turn in turns:
+        if turn.completion_ids:
+            yield Sample(tuple(turn.prompt_ids), tuple(turn.completion_ids))
+
+
+def rollout_samples(rollout: Rollout) -> Iterator[Sample]:
+    """Every turn of the tree, and the detached scoring calls of its branch groups."""
+    for node in rollout.tree.nodes.values():
+        yield from turn_samples(node.turns)
+    for point in rollout.points:
+        for branch in point["branches"][1:]:
+            if branch["score_turn"] is not None:
+                yield from turn_samples([Turn.from_json(branch["score_turn"])])
+
+
+def play(env: str, tasks: list[dict], tokenizer: Any, cfg: DemoConfig, *, progress: bool = False) -> list[Rollout]:
+    """The expert's rollouts of ``tasks`` (every ``noisy_every``-th one noisy, with groups)."""
+    clean = Runtime(env, ExpertPolicy(tokenizer), RuntimeConfig(seed=cfg.seed))
+    noisy = Runtime(env, ExpertPolicy(tokenizer, textcraft=NOISY_CRAFT, textworld=NOISY_WORLD),
+                    RuntimeConfig(seed=cfg.seed, counterfactual=4, fork_cap=8))
+
+    async def main() -> list[Rollout]:
+        out = []
+        for start in tqdm(range(0, len(tasks), 32), desc=f"demos {env}", disable=not progress):
+            chunk = tasks[start:start + 32]
+            out += await asyncio.gather(*(
+                (noisy if (start + i) % cfg.noisy_every == cfg.noisy_every - 1 else clean).rollout(t, f"{env}/{start + i}")
+                for i, t in enumerate(chunk)))
+        return out
+
+    return asyncio.run(main())
+
+
+def demonstrations(tokenizer: Any, cfg: DemoConfig, *, progress: bool = False) -> tuple[list[Sample], dict]:
+    """All samples, and counts per benchmark and role (turn kind)."""
+    samples: list[Sample] = []
+    stats: dict[str, Any] = {}
+    for env, tasks in (("textcraft", textcraft_tasks(cfg)), ("textworld", textworld_tasks(cfg))):
+        rollouts = play(env, tasks, tokenizer, cfg, progress=progress)
+        kinds = {"act": 0, "rubric": 0, "score": 0}
+        for r in rollouts:
+            for node in r.tree.nodes.values():
+                for t in node.turns:
+                    kinds[t.kind] += 1
+        env_samples = [s for r in rollouts for s in rollout_samples(r)]
+        stats[env] = {"tasks": len(tasks), "samples": len(env_samples), "turns": kinds,
+                      "root_success": sum(r.tree.root_reward or 0 for r in rollouts) / max(1, len(rollouts)),
+                      "completion_tokens": sum(len(s.completion_ids) for s in env_samples)}
+        samples += env_samples
+    return samples, stats
+
+
+def corpus_texts(tokenizer: Any, cfg: DemoConfig) -> list[str]:
+    """The text of a set of demonstrations, for training a tokenizer: each agent's first
+    prompt, every completion and observation, every rubric and scoring prompt."""
+    texts = []
+    for env, tasks in (("textcraft", textcraft_tasks(cfg)), ("textworld", textworld_tasks(cfg))):
+        for r in play(env, tasks, tokenizer, cfg):
+            for node in r.tree.nodes.values():
+                for i, t in enumerate(node.turns):
+                    if i == 0 or t.kind != "act":
+                        texts.append(tokenizer.decode(t.prompt_ids))
+                    texts += [t.text, t.observation or ""]
+    return texts

@@ -1,0 +1,166 @@
+"""The tiny model's recipe: tokenizer, model, demonstrations, imitation, manifest.
+
+:class:`TinyRecipe` holds every setting; its :meth:`~TinyRecipe.config_hash` names the
+build. :func:`build` runs the recipe from scratch:
+
+1. **Tokenizer**: a bootstrap tokenizer (:func:`sera_core.policy.tiny.default_tokenizer`)
+   lets the expert play a small set of tasks (``corpus``); a byte-level BPE of
+   ``vocab_size`` is trained on their text (prompts, observations, replies, rubrics,
+   scores) plus :func:`sera_core.policy.tiny.corpus`, with identifier-aware
+   pre-tokenisation and the ChatML template.
+2. **Model**: a Qwen3 causal LM (:class:`~sera_core.policy.tiny.TinyModelConfig`)
+   initialised from ``seed``.
+3. **Demonstrations** (:mod:`sera_core.tiny.demos`) in the new tokenizer's ids, and the
+   **imitation warm start** (:func:`sera_core.tiny.sft.train_sft`; resumable: a rerun of
+   an interrupted build continues from its last checkpoint).
+4. **Output**: model, tokenizer, ``manifest.json`` and ``MODEL_CARD.md`` are written to a
+   temporary folder beside ``out`` and moved into place at the end, so a half-written
+   model is never found at ``out``.
+
+:func:`measure` runs a model at temperature 0 through the real runtime and returns the
+figures the manifest and the docs report.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sera_core import __version__
+from sera_core.policy.tiny import TinyModelConfig, corpus, default_tokenizer, init_model, train_tokenizer
+from sera_core.tiny.demos import DemoConfig, corpus_texts, demonstrations
+from sera_core.tiny.sft import SFTConfig, train_sft
+
+ASSETS = Path(__file__).resolve().parents[1] / "assets" / "tiny"
+"""Where the shipped model lives inside the package."""
+MODEL_CARD = """# SERA tiny model
+
+**What it is:** a {params:,}-parameter Qwen3-architecture causal LM with a {vocab}-token
+byte-level tokenizer, built from scratch on a CPU by the SERA workbook's recipe
+(`sera tiny build`, recipe hash `{hash}`), and trained only by imitating the workbook's
+scripted expert on generated TextCraft-Synth and TextWorld-Sync tasks: acting, delegating,
+writing rubrics and scoring children.
+
+**What it is not:** it is *not* Qwen3-4B-Instruct-2507 and not a reproduction of any
+result of the SERA paper. It is a tiny stand-in for an instruction-tuned base model, so
+that every notebook runs the real code paths (tokens, logprobs, gradients) on a laptop.
+Every report produced with it says so.
+
+Measured results are in `manifest.json` (`results`).
+"""
+
+
+@dataclass(frozen=True)
+class TinyRecipe:
+    """Everything that determines the built model."""
+
+    vocab_size: int = 4096
+    """Tokenizer vocabulary (special tokens included)."""
+    model: TinyModelConfig = field(default_factory=lambda: TinyModelConfig(
+        hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=8192))
+    """Model size."""
+    corpus: DemoConfig = field(default_factory=lambda: DemoConfig(textcraft_worlds=12, textworld_tasks=24, world_seed=900))
+    """Demonstrations whose text trains the tokenizer (worlds apart from the training ones)."""
+    demos: DemoConfig = field(default_factory=DemoConfig)
+    """Demonstrations the model imitates."""
+    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=3000, batch_size=16, lr=3e-3, max_len=2048))
+    """The imitation loop."""
+    seed: int = 0
+    """Seed of the model's initial weights."""
+
+    def to_json(self) -> dict[str, Any]:
+        return json.loads(json.dumps(asdict(self)))
+
+    def config_hash(self) -> str:
+        """sha256 of the recipe's settings (the first 16 hex digits name a build)."""
+        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+SMALL = TinyRecipe(
+    vocab_size=600,
+    model=TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                          num_key_value_heads=1, head_dim=16, max_position_embeddings=4096),
+    corpus=DemoConfig(textcraft_worlds=1, textcraft_mix={"easy": 1}, textworld_tasks=1, world_seed=900),
+    demos=DemoConfig(textcraft_worlds=2, textcraft_mix={"easy": 1}, textworld_tasks=2),
+    sft=SFTConfig(steps=12, batch_size=4, lr=3e-3, warmup_steps=2, max_len=512, log_every=2, checkpoint_every=4),
+)
+"""A recipe small enough for tests and CI (seconds): same code, tiny sizes."""
+
+
+def weights_sha256(path: Path) -> str:
+    return hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
+
+
+def build(recipe: TinyRecipe, out: str | os.PathLike, *, progress: bool = True, stop_after: int | None = None) -> dict:
+    """Run ``recipe`` from scratch into ``out`` (see the module docstring); return the manifest.
+
+    Training state lives in ``{out}.work`` (kept until the build completes, so a rerun
+    resumes); ``stop_after`` stops the training early (to test resuming) and returns None
+    without writing ``out``."""
+    out = Path(out)
+    work, tmp = out.with_name(out.name + ".work"), out.with_name(out.name + ".tmp")
+    t0 = time.perf_counter()
+    tokenizer = train_tokenizer(corpus_texts(default_tokenizer(), recipe.corpus) + corpus(), recipe.vocab_size)
+    samples, demo_stats = demonstrations(tokenizer, recipe.demos, progress=progress)
+    model = init_model(tokenizer, recipe.model, recipe.seed)
+    summary = train_sft(model, samples, recipe.sft, work / "sft", progress=progress, pad_id=tokenizer.pad_token_id,
+                        stop_after=stop_after)
+    if stop_after is not None and summary["steps"] < recipe.sft.steps:
+        return None
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    manifest = {
+        "recipe_hash": recipe.config_hash(), "recipe": recipe.to_json(), "sera_version": __version__,
+        "libraries": _versions(), "seed": recipe.seed, "parameters": sum(p.numel() for p in model.parameters()),
+        "build_seconds": round(time.perf_counter() - t0, 1), "machine": _machine(),
+        "demonstrations": demo_stats, "training": summary, "results": None, "weights_sha256": weights_sha256(tmp),
+    }
+    write_manifest(tmp, manifest)
+    if out.exists():
+        old = out.with_name(out.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, out)
+    shutil.rmtree(work, ignore_errors=True)
+    return manifest
+
+
+def write_manifest(path: Path, manifest: dict) -> None:
+    """``manifest.json`` and ``MODEL_CARD.md`` beside the weights (atomically)."""
+    for name, text in (("manifest.json", json.dumps(manifest, indent=1, sort_keys=True) + "\n"),
+                       ("MODEL_CARD.md", MODEL_CARD.format(params=manifest["parameters"], hash=manifest["recipe_hash"],
+                                                           vocab=manifest["recipe"]["vocab_size"]))):
+        tmp = path / (name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path / name)
+
+
+def read_manifest(path: str | os.PathLike = ASSETS) -> dict:
+    return json.loads((Path(path) / "manifest.json").read_text())
+
+
+def _versions() -> dict[str, str]:
+    import tokenizers
+    import torch
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "tokenizers": tokenizers.__version__}
+
+
+def _machine() -> str:
+    import torch
+
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    return f"{platform.machine()} {os.cpu_count()} cores, {device}, {platform.system()}"

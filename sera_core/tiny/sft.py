@@ -1,0 +1,307 @@
+"""Supervised fine-tuning (the imitation warm start) of small Hugging Face causal LMs.
+
+The loop
+    Step ``s`` (0-based) draws ``batch_size`` sample indices with
+    ``random.Random(derive_seed(seed, "sft", s))`` from the curriculum pool: the samples
+    sorted by total length (ties by index), of which the shortest fraction
+    ``q(s) = min(1, 0.25 + 0.75 * s / (0.5 * steps))`` is eligible (all with
+    ``curriculum=False``). The batch is right-padded (:func:`build_batch`), run through
+    the model under Hugging Face Accelerate (CPU or GPU, optional bf16 autocast) and
+    trained with AdamW, gradient-norm clipping and a linear warm-up then cosine decay of
+    the learning rate to ``min_lr_ratio * lr``. One process: the same code runs on CPU
+    and on one GPU.
+
+The loss (:func:`sft_loss`)
+    Only completion tokens count. Position ``t`` predicts token ``t + 1``; with ``C`` the
+    positions ``(i, t)`` whose target ``y[i, t + 1]`` is a completion token of sample
+    ``i`` (weight ``w_i``) and ``z`` the logits::
+
+        loss = sum_{(i,t) in C} w_i * CE(z[i, t], y[i, t + 1]) / sum_{(i,t) in C} w_i
+
+    a weighted token mean over the whole batch (a long completion counts more than a
+    short one). A completion's first token is learnt only when some prompt precedes it.
+
+Determinism and resume
+    Batch composition depends only on ``(seed, step)`` and torch is reseeded from
+    ``derive_seed(seed, "torch", step)`` before each step (dropout, if any), so no random
+    state needs carrying over. A checkpoint (written atomically every
+    ``checkpoint_every`` steps and at the end) holds the model, optimizer and scheduler
+    states and the loss-log window; ``resume=True`` continues from it when config and
+    samples match (ValueError otherwise). On CPU two runs, or an interrupted run resumed
+    to the end, give bit-identical weights and ``loss.csv`` (but for its wall-clock
+    ``seconds`` column).
+
+Output folder: ``loss.csv`` (``step,loss,lr,tokens,seconds``; a row every ``log_every``
+steps and at the last step; ``loss`` is the mean over the steps since the previous row,
+``lr`` the rate used at ``step``, ``tokens`` and ``seconds`` are cumulative) and
+``checkpoint/`` (``model.safetensors``, ``optimizer.pt``, ``scheduler.pt``, ``state.json``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from safetensors.torch import load_model, save_model
+from tqdm.auto import tqdm
+
+from sera_core.utils.seeding import derive_seed
+
+IGNORE = -100
+"""Label of positions without loss (prompt and padding), as in Hugging Face."""
+CSV_HEADER = "step,loss,lr,tokens,seconds\n"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One training example: a context and the completion to learn."""
+
+    prompt_ids: tuple[int, ...]
+    """Context tokens (no loss)."""
+    completion_ids: tuple[int, ...]
+    """Tokens to learn (the loss counts these only)."""
+    weight: float = 1.0
+    """Loss weight of each of this sample's completion tokens (>= 0)."""
+
+    def __post_init__(self):
+        object.__setattr__(self, "prompt_ids", tuple(int(t) for t in self.prompt_ids))
+        object.__setattr__(self, "completion_ids", tuple(int(t) for t in self.completion_ids))
+        if not self.completion_ids:
+            raise ValueError("Sample.completion_ids must not be empty")
+        if not (_num(self.weight) and self.weight >= 0):
+            raise ValueError(f"Sample.weight must be a finite number >= 0, got {self.weight!r}")
+
+
+def _int(x, lo: int) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= lo
+
+
+def _num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Hyper-parameters of :func:`train_sft` (all part of the checkpoint's identity)."""
+
+    steps: int = 2000
+    """Optimizer steps in all."""
+    batch_size: int = 16
+    """Samples per optimizer step (drawn without replacement when the pool is large enough)."""
+    lr: float = 3e-3
+    """Peak learning rate of AdamW."""
+    warmup_steps: int = 100
+    """Linear warm-up (``lr * (t + 1) / warmup_steps`` at step ``t``), then cosine decay."""
+    min_lr_ratio: float = 0.1
+    """The cosine decays to ``min_lr_ratio * lr`` at the last step."""
+    weight_decay: float = 0.01
+    """AdamW's decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW's moment decay rates."""
+    grad_clip: float = 1.0
+    """Maximum global gradient norm."""
+    max_len: int = 1024
+    """Longest training sequence: a longer sample keeps its last ``max_len`` tokens (the
+    context is cut on the left), or the first ``max_len`` completion tokens and no prompt
+    when the completion alone is that long."""
+    seed: int = 0
+    """Seed of batch composition and torch randomness."""
+    log_every: int = 10
+    """A ``loss.csv`` row every this many steps (and at the last step)."""
+    checkpoint_every: int = 200
+    """A checkpoint every this many steps (and at the last step)."""
+    curriculum: bool = True
+    """Shorter samples first: step ``s`` draws from the shortest fraction
+    ``min(1, 0.25 + 0.75 * s / (0.5 * steps))`` of samples sorted by length, then index."""
+    mixed_precision: str = "no"
+    """``"no"`` (float32) or ``"bf16"`` (autocast); one value per process, since
+    Accelerate's state is process-wide (a second value raises Accelerate's ValueError)."""
+
+    def __post_init__(self):
+        if isinstance(self.betas, list):
+            object.__setattr__(self, "betas", tuple(self.betas))
+        checks = (
+            ("steps", _int(self.steps, 1), "an integer >= 1"),
+            ("batch_size", _int(self.batch_size, 1), "an integer >= 1"),
+            ("lr", _num(self.lr) and self.lr > 0, "a finite number > 0"),
+            ("warmup_steps", _int(self.warmup_steps, 0), "an integer >= 0"),
+            ("min_lr_ratio", _num(self.min_lr_ratio) and 0 <= self.min_lr_ratio <= 1, "a number in [0, 1]"),
+            ("weight_decay", _num(self.weight_decay) and self.weight_decay >= 0, "a finite number >= 0"),
+            ("betas", isinstance(self.betas, tuple) and len(self.betas) == 2
+             and all(_num(b) and 0 <= b < 1 for b in self.betas), "two numbers in [0, 1)"),
+            ("grad_clip", _num(self.grad_clip) and self.grad_clip > 0, "a finite number > 0"),
+            ("max_len", _int(self.max_len, 2), "an integer >= 2"),
+            ("seed", _int(self.seed, 0), "an integer >= 0"),
+            ("log_every", _int(self.log_every, 1), "an integer >= 1"),
+            ("checkpoint_every", _int(self.checkpoint_every, 1), "an integer >= 1"),
+            ("curriculum", isinstance(self.curriculum, bool), "a bool"),
+            ("mixed_precision", self.mixed_precision in ("no", "bf16"), "'no' or 'bf16'"),
+        )
+        for name, ok, what in checks:
+            if not ok:
+                raise ValueError(f"SFTConfig.{name} must be {what}, got {getattr(self, name)!r}")
+
+
+def _truncate(sample: Sample, max_len: int) -> tuple[tuple[int, ...], int]:
+    """The sample's tokens cut to ``max_len`` (see :attr:`SFTConfig.max_len`) and how many are prompt."""
+    if len(sample.completion_ids) >= max_len:
+        return sample.completion_ids[:max_len], 0
+    ids = (sample.prompt_ids + sample.completion_ids)[-max_len:]
+    return ids, len(ids) - len(sample.completion_ids)
+
+
+def build_batch(samples: Sequence[Sample], pad_id: int, max_len: int) -> dict[str, torch.Tensor]:
+    """Right-padded tensors of ``samples``: ``input_ids``, ``attention_mask`` (0 on
+    padding), ``labels`` (the token ids, ``IGNORE`` on prompt and padding), all
+    ``(batch, longest)``, and ``weights`` ``(batch,)``."""
+    cut = [_truncate(s, max_len) for s in samples]
+    input_ids = torch.full((len(cut), max(len(ids) for ids, _ in cut)), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    labels = torch.full_like(input_ids, IGNORE)
+    for row, (ids, n_prompt) in enumerate(cut):
+        input_ids[row, :len(ids)] = torch.tensor(ids)
+        attention_mask[row, :len(ids)] = 1
+        labels[row, n_prompt:len(ids)] = input_ids[row, n_prompt:len(ids)]
+    weights = torch.tensor([s.weight for s in samples], dtype=torch.float32)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, "weights": weights}
+
+
+def sft_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Weighted token-mean cross-entropy of the completion tokens (module docstring), in float32."""
+    targets = labels[:, 1:]
+    nll = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction="none")
+    w = (weights[:, None] * (targets != IGNORE)).flatten()
+    return (w * nll).sum() / w.sum().clamp_min(torch.finfo(w.dtype).tiny)
+
+
+def lr_factor(t: int, cfg: SFTConfig) -> float:
+    """Multiplier of ``cfg.lr`` at optimizer step ``t`` (0-based): linear warm-up, then cosine."""
+    if t < cfg.warmup_steps:
+        return (t + 1) / cfg.warmup_steps
+    progress = min(1.0, (t - cfg.warmup_steps) / max(1, cfg.steps - 1 - cfg.warmup_steps))
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def batch_indices(order: Sequence[int], step: int, cfg: SFTConfig) -> list[int]:
+    """Sample indices of step ``step``: a draw from the curriculum pool of ``order`` (indices by length)."""
+    n = len(order)  # pool size ceil(n * q(step)) in exact integers: n * q = n * (steps + 6 * step) / (4 * steps)
+    pool = list(order[:min(n, -(-n * (cfg.steps + 6 * step) // (4 * cfg.steps)))] if cfg.curriculum else order)
+    rng = random.Random(derive_seed(cfg.seed, "sft", step))
+    return rng.sample(pool, cfg.batch_size) if len(pool) >= cfg.batch_size else rng.choices(pool, k=cfg.batch_size)
+
+
+def samples_sha256(samples: Sequence[Sample]) -> str:
+    """A hash of the samples' tokens and weights, in order."""
+    h = hashlib.sha256()
+    for s in samples:
+        h.update(json.dumps([s.prompt_ids, s.completion_ids, s.weight]).encode() + b"\n")
+    return h.hexdigest()
+
+
+def _save_checkpoint(out: Path, model, optimizer, scheduler, state: dict) -> None:
+    """Write ``checkpoint.tmp/`` in full, then swap it in for ``checkpoint/``."""
+    tmp, final, old = out / "checkpoint.tmp", out / "checkpoint", out / "checkpoint.old"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_model(model, str(tmp / "model.safetensors"))  # drops the tied lm_head copy of the embeddings
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+    (tmp / "state.json").write_text(json.dumps(state, indent=1))
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _reset_csv(path: Path, step: int | None) -> None:
+    """Start ``loss.csv`` afresh (``step`` None) or keep its complete rows up to ``step``."""
+    rows = path.read_text().splitlines(keepends=True)[1:] if step is not None and path.exists() else []
+    kept = [r for r in rows if r.endswith("\n") and int(r.split(",")[0]) <= step]
+    path.with_suffix(".tmp").write_text(CSV_HEADER + "".join(kept))
+    os.replace(path.with_suffix(".tmp"), path)
+
+
+def train_sft(model, samples: Sequence[Sample], cfg: SFTConfig, out_dir: str | os.PathLike, *, resume: bool = True,
+              progress: bool = True, pad_id: int = 0, stop_after: int | None = None) -> dict:
+    """Train ``model`` in place on ``samples`` (see the module docstring); return a summary.
+
+    ``resume``: continue from ``out_dir/checkpoint`` if there is one (its config and
+    samples must match). ``stop_after``: return after that step (to simulate an
+    interruption; the run resumes from the last checkpoint). Summary: ``steps`` done,
+    ``first_loss`` (step 1), ``final_loss`` (the last ``loss.csv`` row, None before one),
+    ``tokens`` (completion tokens trained on), ``seconds`` (training time, both cumulative
+    over resumes) and ``resumed_from`` (the checkpoint's step, 0 for a fresh run).
+    """
+    if not samples:
+        raise ValueError("train_sft needs at least one sample")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config, digest = json.loads(json.dumps(asdict(cfg))), samples_sha256(samples)
+    accelerator = Accelerator(mixed_precision=cfg.mixed_precision)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: lr_factor(t, cfg))
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    state = {"step": 0, "window_sum": 0.0, "window_n": 0, "first_loss": None, "final_loss": None, "tokens": 0, "seconds": 0.0}
+    ckpt = next((d for d in (out / "checkpoint", out / "checkpoint.old") if (d / "state.json").exists()), None) if resume else None
+    if ckpt is not None:
+        saved = json.loads((ckpt / "state.json").read_text())
+        diff = sorted(k for k in config.keys() | saved["config"].keys() if config.get(k) != saved["config"].get(k))
+        problems = [f"config ({', '.join(diff)})"] * bool(diff) + ["samples"] * (saved["samples_sha256"] != digest)
+        if problems:
+            raise ValueError(f"cannot resume from {ckpt}: it was written with different {' and '.join(problems)}; "
+                             "pass resume=False or another out_dir")
+        load_model(accelerator.unwrap_model(model), ckpt / "model.safetensors", device=str(accelerator.device))
+        optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", map_location=accelerator.device))
+        scheduler.load_state_dict(torch.load(ckpt / "scheduler.pt"))
+        state = {k: saved[k] for k in state}
+    _reset_csv(out / "loss.csv", state["step"] if ckpt is not None else None)
+
+    start, was_training = state["step"], accelerator.unwrap_model(model).training
+    order = sorted(range(len(samples)), key=lambda i: (len(samples[i].prompt_ids) + len(samples[i].completion_ids), i))
+    t0 = time.perf_counter() - state["seconds"]
+    model.train()
+    bar = tqdm(total=cfg.steps, initial=start, desc="sft", disable=not progress)
+    for s in range(start, cfg.steps if stop_after is None else min(cfg.steps, stop_after)):
+        torch.manual_seed(derive_seed(cfg.seed, "torch", s) % 2**31)
+        batch = build_batch([samples[i] for i in batch_indices(order, s, cfg)], pad_id, cfg.max_len)
+        n_tokens = int((batch["labels"][:, 1:] != IGNORE).sum())
+        batch = {k: v.to(accelerator.device) for k, v in batch.items()}
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        loss = sft_loss(logits, batch["labels"], batch["weights"])
+        accelerator.backward(loss)
+        accelerator.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        lr = scheduler.get_last_lr()[0]
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+
+        value, step = loss.item(), s + 1
+        state.update(step=step, window_sum=state["window_sum"] + value, window_n=state["window_n"] + 1,
+                     tokens=state["tokens"] + n_tokens, seconds=time.perf_counter() - t0)
+        if state["first_loss"] is None:
+            state["first_loss"] = value
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            state.update(final_loss=state["window_sum"] / state["window_n"], window_sum=0.0, window_n=0)
+            with open(out / "loss.csv", "a") as f:
+                f.write(f"{step},{state['final_loss']!r},{lr!r},{state['tokens']},{state['seconds']:.3f}\n")
+        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            _save_checkpoint(out, accelerator.unwrap_model(model), optimizer, scheduler,
+                             {**state, "config": config, "samples_sha256": digest})
+        bar.update(1)
+        bar.set_postfix(loss=f"{value:.4f}")
+    bar.close()
+    accelerator.unwrap_model(model).train(was_training)
+    return {"steps": state["step"], "final_loss": state["final_loss"], "first_loss": state["first_loss"],
+            "tokens": state["tokens"], "seconds": state["seconds"], "resumed_from": start}

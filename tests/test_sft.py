@@ -1,0 +1,176 @@
+"""The SFT loop: loss falls, runs are bit-identical, resume is exact, batches mask the prompt."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import random
+
+import pytest
+import torch
+
+from sera_core.policy.tiny import TinyModelConfig, init_model, train_tokenizer
+from sera_core.tiny.sft import IGNORE, SFTConfig, Sample, batch_indices, build_batch, lr_factor, sft_loss, train_sft
+
+TINY = TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                       num_key_value_heads=1, head_dim=16, max_position_embeddings=256)
+CFG = SFTConfig(steps=60, batch_size=16, lr=1e-2, warmup_steps=5, log_every=5, checkpoint_every=10, max_len=64)
+
+
+@pytest.fixture(scope="module")
+def data():
+    """A tokenizer and "copy: <word>" -> "<word><|im_end|>" samples."""
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefgh") for _ in range(rng.randint(2, 7))) for _ in range(200)]
+    tok = train_tokenizer([f"copy: {w}\n{w}" for w in words], vocab_size=300)
+    samples = [Sample(tok(f"copy: {w}\n")["input_ids"], tok(w)["input_ids"] + [tok.eos_token_id]) for w in words]
+    return tok, samples
+
+
+def run(data, out, cfg=CFG, **kw):
+    tok, samples = data
+    model = init_model(tok, TINY, seed=0)
+    summary = train_sft(model, samples, cfg, out, progress=False, pad_id=tok.pad_token_id, **kw)
+    return model.state_dict(), summary
+
+
+def csv_rows(out):
+    """``loss.csv`` without its wall-clock ``seconds`` column."""
+    return [line.rsplit(",", 1)[0] for line in (out / "loss.csv").read_text().splitlines()]
+
+
+def assert_same_weights(a, b):
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture(scope="module")
+def reference(data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("reference")
+    weights, summary = run(data, out)
+    return out, weights, summary
+
+
+def test_loss_falls_and_outputs(data, reference):
+    out, weights, summary = reference
+    assert summary["steps"] == 60 and summary["resumed_from"] == 0
+    assert summary["final_loss"] < 0.6 * summary["first_loss"], summary  # about 5.7 -> 2.8
+    rows = csv_rows(out)
+    assert rows[0] == "step,loss,lr,tokens" and [int(r.split(",")[0]) for r in rows[1:]] == list(range(5, 61, 5))
+    assert float(rows[-1].split(",")[1]) == summary["final_loss"]
+    assert int(rows[-1].split(",")[3]) == summary["tokens"] > 60 * 16  # at least one completion token per sample
+    assert math.isclose(float(rows[-1].split(",")[2]), CFG.lr * CFG.min_lr_ratio)  # cosine ends at min_lr_ratio * lr
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "loss.csv"]  # no leftover tmp/old folders
+    state = json.loads((out / "checkpoint" / "state.json").read_text())
+    assert state["step"] == 60 and state["config"] == json.loads(json.dumps(dataclasses.asdict(CFG)))
+    # The saved model (tied embeddings stored once) reloads to the trained weights.
+    tok, _ = data
+    fresh = init_model(tok, TINY, seed=1)
+    from safetensors.torch import load_model
+    load_model(fresh, out / "checkpoint" / "model.safetensors")
+    assert_same_weights(fresh.state_dict(), weights)
+    assert fresh.lm_head.weight.data_ptr() == fresh.model.embed_tokens.weight.data_ptr()
+
+
+def test_two_runs_are_bit_identical(data, reference, tmp_path):
+    out, weights, summary = reference
+    weights2, summary2 = run(data, tmp_path)
+    assert_same_weights(weights, weights2)
+    assert csv_rows(tmp_path) == csv_rows(out)
+    assert summary2["final_loss"] == summary["final_loss"] and summary2["tokens"] == summary["tokens"]
+
+
+@pytest.mark.parametrize("crash_mid_swap", [False, True])
+def test_interrupted_run_resumes_exactly(data, reference, tmp_path, crash_mid_swap):
+    out, weights, summary = reference
+    part, _ = run(data, tmp_path, stop_after=35)  # last checkpoint at step 30; csv rows for 35 must go
+    assert not all(torch.equal(part[k], weights[k]) for k in weights)
+    assert json.loads((tmp_path / "checkpoint" / "state.json").read_text())["step"] == 30
+    assert csv_rows(tmp_path)[-1].startswith("35,")
+    if crash_mid_swap:  # killed between moving checkpoint/ aside and renaming a half-written checkpoint.tmp/
+        os.replace(tmp_path / "checkpoint", tmp_path / "checkpoint.old")
+        (tmp_path / "checkpoint.tmp").mkdir()
+        (tmp_path / "checkpoint.tmp" / "state.json").write_text("{")
+    resumed, summary2 = run(data, tmp_path)
+    assert summary2["resumed_from"] == 30 and summary2["steps"] == 60
+    assert_same_weights(resumed, weights)
+    assert csv_rows(tmp_path) == csv_rows(out)
+    assert {k: summary2[k] for k in ("first_loss", "final_loss", "tokens")} == {k: summary[k] for k in ("first_loss", "final_loss", "tokens")}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint", "loss.csv"]
+
+
+def test_resume_refuses_other_config_or_samples(data, tmp_path):
+    cfg = dataclasses.replace(CFG, steps=10)
+    run(data, tmp_path, cfg)
+    with pytest.raises(ValueError, match=r"config \(lr\)"):
+        run(data, tmp_path, dataclasses.replace(cfg, lr=2e-2))
+    tok, samples = data
+    with pytest.raises(ValueError, match="samples"):
+        train_sft(init_model(tok, TINY), samples[:-1], cfg, tmp_path, progress=False)
+    _, summary = run(data, tmp_path, dataclasses.replace(cfg, lr=2e-2), resume=False)  # explicit fresh start
+    assert summary["resumed_from"] == 0 and len(csv_rows(tmp_path)) == 1 + 2
+    _, summary = run(data, tmp_path, dataclasses.replace(cfg, lr=2e-2))  # already complete: nothing to do
+    assert summary["resumed_from"] == summary["steps"] == 10
+
+
+def test_build_batch_masks_prompt_and_padding_and_truncates():
+    samples = [Sample((5, 6, 7), (8, 9)), Sample((), (3,), weight=2.0), Sample((1, 2, 3, 4), (10, 11, 12, 13, 14, 15))]
+    b = build_batch(samples, pad_id=0, max_len=8)
+    assert b["input_ids"].tolist() == [[5, 6, 7, 8, 9, 0, 0, 0], [3, 0, 0, 0, 0, 0, 0, 0], [3, 4, 10, 11, 12, 13, 14, 15]]
+    assert b["attention_mask"].tolist() == [[1] * 5 + [0] * 3, [1] + [0] * 7, [1] * 8]
+    X = IGNORE
+    assert b["labels"].tolist() == [[X, X, X, 8, 9, X, X, X], [3, X, X, X, X, X, X, X], [X, X, 10, 11, 12, 13, 14, 15]]
+    assert b["weights"].tolist() == [1.0, 2.0, 1.0]
+    # A completion of max_len tokens or more keeps its first max_len tokens and no prompt.
+    b = build_batch([Sample((1, 2), (10, 11, 12, 13))], pad_id=0, max_len=3)
+    assert b["input_ids"].tolist() == [[10, 11, 12]] and b["labels"].tolist() == [[10, 11, 12]]
+
+
+def test_loss_is_weighted_mean_over_completion_tokens():
+    torch.manual_seed(0)
+    b = build_batch([Sample((5, 6), (7, 8)), Sample((1,), (2, 3, 4), weight=3.0)], pad_id=0, max_len=16)
+    logits = torch.randn(2, b["input_ids"].shape[1], 20)
+    loss = sft_loss(logits, b["labels"], b["weights"])
+    logp = logits.log_softmax(-1)
+    terms = [(1.0, logp[0, 1, 7]), (1.0, logp[0, 2, 8]), (3.0, logp[1, 0, 2]), (3.0, logp[1, 1, 3]), (3.0, logp[1, 2, 4])]
+    assert torch.allclose(loss, -sum(w * lp for w, lp in terms) / sum(w for w, _ in terms))
+    # Logits at positions predicting prompt or padding tokens do not matter; those predicting completions do.
+    changed = logits.clone()
+    changed[0, 0] += 5 * torch.randn(20)  # predicts prompt token 6
+    changed[0, 3:] += 5 * torch.randn(20)  # last completion token (predicts nothing) and padding
+    changed[1, 3] += 5 * torch.randn(20)  # predicts padding
+    assert torch.equal(sft_loss(changed, b["labels"], b["weights"]), loss)
+    changed[1, 1] += 5 * torch.randn(20)
+    assert not torch.equal(sft_loss(changed, b["labels"], b["weights"]), loss)
+
+
+def test_schedule_and_curriculum():
+    cfg = SFTConfig(steps=100, warmup_steps=10, min_lr_ratio=0.1, batch_size=4)
+    assert lr_factor(0, cfg) == 0.1 and lr_factor(9, cfg) == 1.0 and lr_factor(10, cfg) == 1.0
+    assert math.isclose(lr_factor(99, cfg), 0.1) and lr_factor(30, cfg) > lr_factor(60, cfg)
+    order = list(range(100))
+    assert max(batch_indices(order, 0, cfg)) < 25 and max(batch_indices(order, 2, cfg)) < 28  # q(2) = 0.28
+    assert max(i for s in range(50, 100) for i in batch_indices(order, s, cfg)) >= 90
+    assert batch_indices(order, 7, cfg) == batch_indices(order, 7, cfg) != batch_indices(order, 8, cfg)
+    assert len(set(batch_indices(order, 0, cfg))) == 4  # without replacement when the pool allows
+    assert max(batch_indices(order, 0, dataclasses.replace(cfg, curriculum=False)) + batch_indices(order, 1, dataclasses.replace(cfg, curriculum=False))) >= 25
+
+
+@pytest.mark.parametrize("field,value", [
+    ("steps", 0), ("batch_size", 1.5), ("lr", 0.0), ("warmup_steps", -1), ("min_lr_ratio", 1.5),
+    ("weight_decay", float("nan")), ("betas", (0.9, 1.0)), ("grad_clip", -1.0), ("max_len", 1), ("seed", -3),
+    ("log_every", 0), ("checkpoint_every", True), ("curriculum", "yes"), ("mixed_precision", "fp8"),
+])
+def test_config_validation_names_the_field(field, value):
+    with pytest.raises(ValueError, match=rf"SFTConfig\.{field} must be"):
+        SFTConfig(**{field: value})
+
+
+def test_sample_validation():
+    assert Sample([1, 2], [3]).prompt_ids == (1, 2)
+    with pytest.raises(ValueError, match="completion_ids"):
+        Sample((1,), ())
+    with pytest.raises(ValueError, match="weight"):
+        Sample((1,), (2,), weight=-1.0)
