@@ -47,9 +47,9 @@ class TinyModelConfig:
     """Longest sequence."""
 
 
-PRETOKEN_PATTERN = r" ?[A-Za-z]+[0-9]*(?:_[A-Za-z]*[0-9]+)+| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+"
+PRETOKEN_PATTERN = r" ?[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)+| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+"
 """Pre-tokens: identifiers with underscores and digits (``a1_i5_13``, ``raw_o2``) as one
-piece, words, numbers, punctuation runs and whitespace (GPT-2 style, an optional leading
+piece, like tool names (``get_info``), words, numbers, punctuation runs and whitespace (GPT-2 style, an optional leading
 space). BPE merges only inside a pre-token, so an identifier becomes one token when the
 vocabulary holds it and is never glued to its neighbours."""
 

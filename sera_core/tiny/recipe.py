@@ -64,14 +64,14 @@ class TinyRecipe:
     vocab_size: int = 4096
     """Tokenizer vocabulary (special tokens included)."""
     model: TinyModelConfig = field(default_factory=lambda: TinyModelConfig(
-        hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=32, max_position_embeddings=8192))
+        hidden_size=96, intermediate_size=256, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=24, max_position_embeddings=8192))
     """Model size."""
     corpus: DemoConfig = field(default_factory=lambda: DemoConfig(textcraft_worlds=12, textworld_tasks=24, world_seed=900))
     """Demonstrations whose text trains the tokenizer (worlds apart from the training ones)."""
     demos: DemoConfig = field(default_factory=DemoConfig)
     """Demonstrations the model imitates."""
-    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=3000, batch_size=16, lr=3e-3, max_len=2048))
+    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=2000, batch_size=8, lr=3e-3, max_len=2048))
     """The imitation loop."""
     seed: int = 0
     """Seed of the model's initial weights."""

@@ -1,0 +1,97 @@
+"""The tiny model's recipe: tokenizer, demonstrations, a small build (deterministic,
+resumable, atomic), and the shipped model against its manifest."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from sera_core.agents.tree import ROLES
+from sera_core.policy.chat import ChatFormat
+from sera_core.policy.tiny import corpus, train_tokenizer
+from sera_core.tiny.demos import DemoConfig, demonstrations, play, rollout_samples, textcraft_tasks
+from sera_core.tiny.recipe import ASSETS, SMALL, TinyRecipe, build, read_manifest, weights_sha256
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer(corpus(), 1500)
+
+
+def test_tokenizer_round_trips_any_text(tokenizer):
+    rng = random.Random(0)
+    alphabet = "ab_19 \n\t{}'\"é☃\u2063<|>" + "".join(chr(rng.randrange(32, 0x2FFF)) for _ in range(200))
+    for _ in range(200):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 80)))
+        assert tokenizer.decode(tokenizer.encode(text), clean_up_tokenization_spaces=False) == text
+
+
+def test_identifiers_are_never_split_across_neighbours(tokenizer):
+    pre = tokenizer.backend_tokenizer.pre_tokenizer
+    pieces = [p for p, _ in pre.pre_tokenize_str("craft({'m3_i5_13': 2}, ('a1_i5', 4)) get_info x1_i10_7b")]
+    assert "m3_i5_13" in "".join(pieces).replace("Ġ", " ").split("'")
+    assert {"Ġget_info", "Ġx1_i10_7b"} <= set(pieces)
+    # a token never holds part of an identifier and part of what follows it
+    ids = tokenizer.encode("a1_i5_13: 3")
+    text = [tokenizer.decode([i]) for i in ids]
+    assert any(t.endswith("13") for t in text) and not any("13:" in t for t in text)
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    assert chat == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert ChatFormat(tokenizer).glue("obs", [tokenizer.eos_token_id]) == tokenizer.encode(
+        "\n<|im_start|>user\nobs<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_demonstrations_come_from_fresh_worlds_and_cover_every_role(tokenizer):
+    cfg = DemoConfig(textcraft_worlds=2, textcraft_mix={"easy": 1, "medium": 1}, textworld_tasks=3, noisy_every=2)
+    worlds = {t["misc"]["world"]["seed"] for t in textcraft_tasks(cfg)}
+    assert worlds == {1000, 1001}  # never the val world (seed 0)
+    samples, stats = demonstrations(tokenizer, cfg)
+    assert stats["textcraft"]["tasks"] == 4 and stats["textworld"]["tasks"] == 3
+    assert all(stats[e]["turns"]["rubric"] > 0 and stats[e]["turns"]["score"] > 0 for e in stats)
+    rollouts = play("textcraft", textcraft_tasks(cfg), tokenizer, cfg)
+    for r in rollouts:  # a sample per turn: its exact ids; the role masks cover exactly its completion
+        turns = [t for n in r.tree.nodes.values() for t in n.turns]
+        got = list(rollout_samples(r))
+        assert [s.completion_ids for s in got[: len(turns)]] == [tuple(t.completion_ids) for t in turns]
+        assert [s.prompt_ids for s in got[: len(turns)]] == [tuple(t.prompt_ids) for t in turns]
+        for t in turns:
+            assert sum(sum(t.mask(role)) for role in ROLES) == len(t.completion_ids)
+    noisy = [r for r in rollouts if r.points]
+    assert noisy and any(b["score"] and not b["score"]["gate"] for r in noisy for p in r.points for b in p["branches"])
+
+
+def test_small_build_is_deterministic_resumable_and_atomic(tmp_path):
+    first = build(SMALL, tmp_path / "a", progress=False)
+    assert (tmp_path / "a" / "model.safetensors").is_file() and not (tmp_path / "a.work").exists()
+    assert first["training"]["final_loss"] < first["training"]["first_loss"]
+    assert first["recipe_hash"] == SMALL.config_hash() and first["weights_sha256"] == weights_sha256(tmp_path / "a")
+    assert build(SMALL, tmp_path / "b", progress=False)["weights_sha256"] == first["weights_sha256"]
+    assert build(SMALL, tmp_path / "c", progress=False, stop_after=4) is None
+    assert not (tmp_path / "c").exists() and (tmp_path / "c.work").exists()  # no half-written model
+    resumed = build(SMALL, tmp_path / "c", progress=False)
+    assert resumed["training"]["resumed_from"] == 4 and resumed["weights_sha256"] == first["weights_sha256"]
+    card = (tmp_path / "a" / "MODEL_CARD.md").read_text()
+    assert "not* Qwen3-4B" in card and first["recipe_hash"] in card
+
+
+def test_recipe_hash_tracks_every_setting():
+    assert TinyRecipe().config_hash() == TinyRecipe().config_hash() != SMALL.config_hash()
+    assert TinyRecipe(seed=1).config_hash() != TinyRecipe().config_hash()
+
+
+@pytest.mark.skipif(not (ASSETS / "manifest.json").is_file(), reason="no shipped tiny model yet")
+def test_shipped_model_matches_its_recipe_and_loads():
+    from sera_core.policy.base import SamplingParams
+    from sera_core.policy.hf import HFPolicy
+
+    manifest = read_manifest()
+    assert manifest["recipe_hash"] == TinyRecipe().config_hash(), "the recipe changed: rebuild and ship (sera tiny build)"
+    assert manifest["recipe"] == json.loads(json.dumps(TinyRecipe().to_json()))
+    assert manifest["weights_sha256"] == weights_sha256(Path(ASSETS))
+    policy = HFPolicy(ASSETS)
+    prompt = policy.chat_prompt([{"role": "user", "content": "Craft the following items: 1x a1_i2"}])
+    out = policy.generate([prompt], SamplingParams(temperature=0, max_new_tokens=8))[0]
+    assert len(out.token_ids) >= 1 and all(lp <= 0 for lp in out.logprobs)
