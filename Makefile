@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 EXTRAS := notebooks,dev
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test bench clean
+.PHONY: help setup demo test bench tiny clean
 
 help:  ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -33,6 +33,11 @@ test: setup  ## Run the tests: pytest, then every notebook with nbval
 bench: setup  ## Benchmarks (numbers go to docs/benchmarks.md)
 	$(BIN)/python scripts/bench_textcraft.py
 	$(BIN)/python scripts/bench_textworld.py
+	$(BIN)/python scripts/bench_runtime.py
+
+tiny: setup  ## Rebuild the shipped tiny model from its recipe (about 40 min on 2 cores) and measure it
+	$(BIN)/sera tiny build --out sera_core/assets/tiny
+	$(BIN)/sera tiny measure --out sera_core/assets/tiny --record
 
 clean:  ## Remove run outputs (keeps .venv)
 	rm -rf runs .pytest_cache
