@@ -24,7 +24,6 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -226,7 +225,7 @@ def cmd_rollout(args: argparse.Namespace) -> dict[str, Any]:
     summary = {"env": args.env, "policy": args.policy, "counterfactual": args.counterfactual,
                **summarize(rollouts, runtime.judge, time.perf_counter() - t0), "out": str(args.out)}
     if external is not None:
-        summary["external"] = asdict(external.stats)
+        summary["external"] = external.stats.as_dict()
     write_rollouts(args.out, rollouts, summary)
     return summary
 

@@ -19,6 +19,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from sera_core.judges import JudgeStats
 from sera_core.policy.base import Generation, Policy, SamplingParams
 from sera_core.policy.chat import ChatFormat
 
@@ -128,17 +129,6 @@ class PolicyActor:
         return None
 
 
-@dataclass
-class ExternalStats:
-    """What an external model cost: calls, HTTP requests, failures, tokens."""
-
-    calls: int = 0
-    requests: int = 0
-    failures: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-
-
 class ExternalChatActor:
     """An external model behind an OpenAI-compatible endpoint, as the rubric writer and/or
     scorer of the Table 3 ablations (``RuntimeConfig.rubric_writer/scorer = "external"``).
@@ -147,14 +137,15 @@ class ExternalChatActor:
     :meth:`sera_core.judges.LLMJudge.chat` (timeouts, retries with backoff); it has no
     token space (``chat = None``), so its outputs are text, recorded on the child's node.
     A failed request gives empty text, which the runtime records as malformed output.
-    ``stats`` counts calls, requests, failures and tokens (external supervision cost)."""
+    ``stats`` (a :class:`~sera_core.judges.JudgeStats`) counts calls, requests, failures and
+    tokens: external supervision cost, like a judge's."""
 
     chat = None
     enforce_context = False
 
     def __init__(self, client: Any):
         self.client = client
-        self.stats = ExternalStats()
+        self.stats = JudgeStats()
 
     async def complete(self, call: Call) -> Generation:
         if call.kind == "act" or call.messages is None:
