@@ -24,6 +24,7 @@ from typing import Any
 
 from sera_core.agents.actors import PolicyActor
 from sera_core.agents.runtime import Runtime, RuntimeConfig
+from sera_core.agents.summary import summarize
 from sera_core.envs.textcraft.env import extract_code
 from sera_core.envs.textworld.protocol import parse_reply
 from sera_core.policy.hf import HFPolicy
@@ -44,20 +45,20 @@ def well_formed(text: str, env: str) -> bool:
 
 
 def _figures(rollouts: list, env: str) -> dict[str, Any]:
+    """The figures of one benchmark; rubric, score and delegation counts come from :func:`summarize`."""
+    summary = summarize(rollouts)
     acts = [t for r in rollouts for n in r.tree.nodes.values() for t in n.turns if t.kind == "act"]
-    children = [n for r in rollouts for n in r.tree.nodes.values() if n.parent_id is not None]
-    written = [n for n in children if n.rubric is not None or n.rubric_error is not None]
-    scored = [n for n in children if (n.score is not None and not n.score.get("forced")) or
-              (n.score_error is not None and n.rubric is not None)]
+    scores = summary["scores"]
+    calls = scores["scored"] + scores["malformed"]
     by: dict[str, list[float]] = defaultdict(list)
     for r in rollouts:
         by[str(r.tree.meta.get("difficulty"))].append(r.tree.root_reward or 0.0)
     return {
         "tasks": len(rollouts),
         "well_formed": round(fmean([well_formed(t.text, env) for t in acts]), 4) if acts else None,
-        "delegations": sum(len(r.tree.delegation_events()) for r in rollouts),
-        "rubric_validity": round(sum(n.rubric is not None for n in written) / len(written), 4) if written else None,
-        "score_validity": round(sum(n.score is not None for n in scored) / len(scored), 4) if scored else None,
+        "delegations": summary["delegations"],
+        "rubric_validity": summary["rubrics"]["validity"],
+        "score_validity": round(scores["scored"] / calls, 4) if calls else None,
         "success": {d: round(fmean(v), 4) for d, v in sorted(by.items())},
     }
 
@@ -73,10 +74,9 @@ def measure(model: str | os.PathLike, tasks: dict[str, list[dict]], *, groups: i
         out[env] = _figures(rollouts, env)
         if groups:
             sampled = RuntimeConfig(temperature=1.0, counterfactual=8, seed=seed)
-            points = [p for r in Runtime(env, PolicyActor(policy, max_batch=max_batch), sampled).run(env_tasks[:groups])
-                      for p in r.points]
-            mixed = [p for p in points if not p["ranking"]["skipped"]]
-            out[env]["groups"] = len(points)
-            out[env]["mixed_groups"] = round(len(mixed) / len(points), 4) if points else None
-            out[env]["pairwise_accuracy"] = round(fmean([p["ranking"]["accuracy"] for p in mixed]), 4) if mixed else None
+            counted = summarize(Runtime(env, PolicyActor(policy, max_batch=max_batch), sampled).run(env_tasks[:groups]))
+            total, valid = counted["groups"]["total"], counted["groups"]["valid"]
+            out[env]["groups"] = total
+            out[env]["mixed_groups"] = round(valid / total, 4) if total else None
+            out[env]["pairwise_accuracy"] = counted["mean_pairwise_accuracy"]
     return out
