@@ -1,0 +1,1 @@
+"""SERA training: the CISPO objective, the stage schedule, the trainer."""

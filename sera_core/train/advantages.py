@@ -1,0 +1,107 @@
+"""Advantages of the three objectives: leave-one-out baselines and depth weighting (SPEC 3, 4, 8).
+
+Trees of one root task form a group (``K`` trees, ``R_j`` their root verdicts). For a
+datum of tree ``i`` with reward ``r``::
+
+    execution   A = r - (1 / (K - 1)) * sum_{j != i} R_j
+    launch      A = r - (sum_j m_j - m_i) / (K - 1)       (reward_first_root_balanced)
+                m_i = mean of tree i's launch rewards (0 if it launched nothing)
+    rubric      A_g = r_g - mean_{g' != g} r_g'           (across the batch's valid groups)
+
+A group of one (``K = 1``, a single valid rubric group) has baseline 0. Averaging a tree's
+launch rewards first keeps trees with many delegations from biasing the baseline.
+
+Depth weighting: a datum at depth ``d`` is multiplied by
+``w_d = N / (D * n_d)``, where ``n_d`` is the number of datums (trajectories) at depth
+``d``, ``D`` the number of depths present and ``N`` the number of datums; so ``w_d`` is
+proportional to ``1 / n_d`` and the weights sum to ``N``.
+
+Zero-variance filtering (official ``filter_zero_variance_groups``): a group whose datums
+all have the same reward teaches no preference and is dropped before its advantages are
+computed (execution and launch: the datums of one root task; rubric: the batch's groups).
+No advantage normalisation (SPEC 4).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import fmean
+
+from sera_core.agents.tree import Tree
+from sera_core.rewards import Datum
+from sera_core.rewards.execution import root_reward
+
+
+@dataclass(frozen=True)
+class Advantage:
+    """A datum with its advantage and depth weight; the CISPO loss uses ``value``."""
+
+    datum: Datum
+    advantage: float
+    """``A`` before depth weighting."""
+    weight: float = 1.0
+    """``w_d`` (1 without depth weighting)."""
+
+    @property
+    def value(self) -> float:
+        """``w_d * A``: what multiplies the datum's tokens in the loss."""
+        return self.weight * self.advantage
+
+
+def _group(items: Sequence, key) -> dict[str, list]:
+    out: dict[str, list] = defaultdict(list)
+    for x in items:
+        out[key(x)].append(x)
+    return out
+
+
+def zero_variance(datums: Sequence[Datum]) -> bool:
+    """True when every datum has the same reward (nothing to prefer)."""
+    return len({d.reward for d in datums}) <= 1
+
+
+def _keep(datums: Sequence[Datum], filter_zero_variance: bool) -> list[Datum]:
+    if not filter_zero_variance:
+        return list(datums)
+    return [d for group in _group(datums, lambda d: d.task_id).values() if not zero_variance(group) for d in group]
+
+
+def execution_advantages(datums: Sequence[Datum], trees: Sequence[Tree], *, filter_zero_variance: bool = True) -> list[Advantage]:
+    """``A = r - mean_{j != i} R_j`` over the trees of the datum's root task."""
+    roots = _group(trees, lambda t: t.task_id)
+    out = []
+    for d in _keep(datums, filter_zero_variance):
+        others = [root_reward(t) for t in roots[d.task_id] if t.tree_id != d.tree_id]
+        out.append(Advantage(d, d.reward - (fmean(others) if others else 0.0)))
+    return out
+
+
+def leaf_advantages(datums: Sequence[Datum], trees: Sequence[Tree], *, filter_zero_variance: bool = True) -> list[Advantage]:
+    """``reward_first_root_balanced``: ``A = r - (sum_j m_j - m_i) / (K - 1)``."""
+    kept = _keep(datums, filter_zero_variance)
+    rewards = _group(kept, lambda d: d.tree_id)
+    m = {t.tree_id: fmean(d.reward for d in rewards[t.tree_id]) if rewards.get(t.tree_id) else 0.0 for t in trees}
+    group = _group(trees, lambda t: t.task_id)
+    out = []
+    for d in kept:
+        k = len(group[d.task_id])
+        baseline = (sum(m[t.tree_id] for t in group[d.task_id]) - m[d.tree_id]) / (k - 1) if k > 1 else 0.0
+        out.append(Advantage(d, d.reward - baseline))
+    return out
+
+
+def rubric_advantages(datums: Sequence[Datum], *, filter_zero_variance: bool = True) -> list[Advantage]:
+    """``A_g = r_g - mean_{g' != g} r_g'`` across the batch's valid groups."""
+    if filter_zero_variance and zero_variance(datums):
+        return []
+    total, n = sum(d.reward for d in datums), len(datums)
+    return [Advantage(d, d.reward - ((total - d.reward) / (n - 1) if n > 1 else 0.0)) for d in datums]
+
+
+def depth_weighted(advantages: Sequence[Advantage]) -> list[Advantage]:
+    """Each advantage with ``w_d = N / (D * n_d)`` (module docstring)."""
+    counts = Counter(a.datum.depth for a in advantages)
+    n, depths = len(advantages), len(counts)
+    return [Advantage(a.datum, a.advantage, n / (depths * counts[a.datum.depth])) for a in advantages]
