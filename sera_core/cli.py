@@ -10,6 +10,11 @@ Subcommands (later issues add more):
   TextWorld ``by_family``). ``--out`` appends result rows as tasks finish, and a rerun
   resumes from them.
 * ``sera world --env textcraft --out FILE``: export the recipe book as JSON.
+* ``sera rollout ...``: play tasks through the recursive runtime (see ``--help``).
+* ``sera tiny build|measure``: build or measure the embedded tiny model.
+* ``sera train --config FILE [--dry-run] [--resume] [--max-steps N] [--out DIR]``: train
+  a method (``sera_core/configs/<env>/<method>_<scale>.yaml``); ``--dry-run`` validates
+  the config and prints the plan without loading a model.
 
 On a usage or input error the last line is ``{"command": ..., "error": ...}`` and the
 exit status is 2.
@@ -251,12 +256,31 @@ def cmd_tiny(args: argparse.Namespace) -> dict[str, Any]:
     craft = craft_split("val")
     by_level = {d: [t for t in craft if t["misc"]["difficulty"] == d][:per] for d in ("easy", "medium", "hard", "extreme")}
     tasks = {"textcraft": [t for v in by_level.values() for t in v], "textworld": world_split("test")[:: 1400 // args.tasks]}
-    results = measure(model, tasks, groups=args.groups)
+    results = measure(model, tasks, groups=args.groups, progress=True)
     if args.record:
         manifest = read_manifest(model)
         manifest["results"] = results
         write_manifest(Path(model), manifest)
     return {"action": "measure", "model": str(model), **results}
+
+
+def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
+    from sera_core.train.config import load_config
+    from sera_core.train.trainer import Trainer, plan
+
+    overrides = {"out": str(args.out)} if args.out else {}
+    cfg = load_config(args.config, **overrides)
+    if args.max_steps is not None:
+        if args.max_steps < 1:
+            raise CommandError("--max-steps must be >= 1")
+        cfg = cfg.replace(max_steps=args.max_steps)
+    if args.dry_run:
+        return {"action": "plan", **plan(cfg)}
+    trainer = Trainer(cfg)
+    rows = trainer.run(resume=args.resume)
+    last = rows[-1] if rows else {}
+    return {"action": "train", "method": cfg.method, "out": cfg.out, "version": trainer.version,
+            "updates": len(rows), "root_success": last.get("root_success"), "stage": last.get("stage")}
 
 
 def cmd_world(args: argparse.Namespace) -> dict[str, Any]:
@@ -335,6 +359,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--groups", type=int, default=8, help="measure: tasks played with counterfactual groups at temperature 1")
     p.add_argument("--record", action="store_true", help="measure: write the results into the model's manifest")
     p.set_defaults(func=cmd_tiny)
+
+    p = sub.add_parser("train", help="train a method from a config file (SERA, RAO, ablations)")
+    p.add_argument("--config", type=Path, required=True, help="a YAML config (sera_core/configs/<env>/<method>_<scale>.yaml)")
+    p.add_argument("--dry-run", action="store_true", help="validate and print the plan; load no model")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
+    p.add_argument("--max-steps", type=int, help="override the config's number of updates")
+    p.add_argument("--out", type=Path, help="override the config's run folder")
+    p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("world", help="export the TextCraft recipe world as JSON")
     world_args(p, ("textcraft",))

@@ -28,10 +28,23 @@ class HFPolicy:
     def __init__(self, path: str | os.PathLike, *, device: str | None = None, dtype: torch.dtype | None = None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(path))
-        self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(self.device).eval()
+        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device).eval()
+        self._setup(model, AutoTokenizer.from_pretrained(str(path)))
+
+    @classmethod
+    def from_model(cls, model, tokenizer) -> HFPolicy:
+        """A policy that generates with ``model`` itself (shared, not copied: the trainer's
+        updates are what the next rollouts sample from). Generation runs under
+        ``torch.no_grad`` in the model's current mode; the caller keeps it in eval mode."""
+        policy = cls.__new__(cls)
+        policy._setup(model, tokenizer)
+        return policy
+
+    def _setup(self, model, tokenizer) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.device = next(model.parameters()).device
         eos = self.model.generation_config.eos_token_id
         eos = eos if isinstance(eos, list) else [eos]
         self.eos_ids = {int(e) for e in [*eos, self.tokenizer.eos_token_id] if e is not None}

@@ -119,3 +119,45 @@ def cispo_loss(
         "tokens": float(n),
     }
     return total, stats
+
+
+def grpo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    eps: float = 0.2,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The PPO-style clipped surrogate of GRPO (the single-agent GRPO row), summed over masked tokens.
+
+    Shapes as :func:`cispo_loss`. With ``rho_t = exp(logprobs_t - old_logprobs_t)``::
+
+        loss_t = - min(rho_t * A_t, clip(rho_t, 1 - eps, 1 + eps) * A_t)
+        loss   = sum_{t in M} loss_t
+
+    (the caller divides by the batch's token count). Unlike CISPO, a token whose ratio
+    left the trust region on the profitable side gets no gradient. Stats as
+    :func:`cispo_loss`, with the clip fractions counted against ``1 -+ eps``.
+    """
+    if not 0 < eps < 1:
+        raise ValueError(f"eps must be in (0, 1), got {eps}")
+    if logprobs.ndim != 2 or old_logprobs.shape != logprobs.shape or mask.shape != logprobs.shape:
+        raise ValueError("logprobs, old_logprobs and mask must share one (batch, T) shape")
+    dtype = torch.promote_types(logprobs.dtype, torch.float32)
+    m = mask != 0
+    zero = torch.zeros((), dtype=dtype, device=logprobs.device)
+    logp = torch.where(m, logprobs.to(dtype), zero)
+    old = torch.where(m, old_logprobs.detach().to(dtype), zero)
+    adv = torch.where(m, _per_token("advantages", advantages.detach().to(dtype), logprobs.shape), zero)
+    rho = torch.exp(logp - old)  # with grad
+    surrogate = torch.minimum(rho * adv, rho.clamp(1 - eps, 1 + eps) * adv)
+    total = torch.where(m, -surrogate, zero).sum()
+    n = int(m.sum())
+    r = rho.detach()
+    stats = {
+        "clip_fraction_low": float((m & (r < 1 - eps)).sum()) / n if n else 0.0,
+        "clip_fraction_high": float((m & (r > 1 + eps)).sum()) / n if n else 0.0,
+        "ratio_mean": float(torch.where(m, r, zero).sum()) / n if n else 0.0,
+        "tokens": float(n),
+    }
+    return total, stats

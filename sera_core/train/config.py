@@ -1,0 +1,253 @@
+"""One typed config for every method and scale (CleanRL style), loaded from YAML.
+
+A config file is a flat mapping of :class:`TrainConfig` fields. It may name a base file
+with ``extends: other.yaml`` (a path relative to the file): the base is loaded first
+and the file's keys override it, so each method's file states only what makes it that
+method. Validation happens before any work starts: an unknown key, a value of the wrong
+type or outside its range, or an inconsistent combination (for example a
+rubric-generation stage without counterfactual branches) raises :class:`ConfigError`
+naming the key.
+
+The shipped configs live in ``sera_core/configs/<env>/<method>_<scale>.yaml``
+(:func:`shipped_configs`); ``scale`` is ``tiny`` (the embedded model on a CPU, minutes) or
+``full`` (Qwen3-4B-Instruct-2507 on H200s, the paper's settings).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sera_core.train.stages import StageController
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+"""The configs shipped in the package."""
+ENVS = ("textcraft", "textworld")
+CHILD_REWARDS = ("rubric", "label")
+LOSSES = ("cispo", "grpo")
+RUBRIC_VARIANTS = ("ranking", "discriminative")
+BACKENDS = ("hf", "vllm")
+
+
+class ConfigError(ValueError):
+    """A config that cannot run (the message names the key)."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything a training run needs (SPEC 3, 4, 6, 8)."""
+
+    method: str = "sera"
+    """The row of the paper's tables this run reproduces (a label for logs and tables)."""
+    env: str = "textcraft"
+    """``textcraft`` or ``textworld``."""
+    model: str = "tiny"
+    """``tiny`` (the shipped embedded model) or a local Hugging Face model folder (e.g.
+    Qwen3-4B-Instruct-2507 downloaded beforehand)."""
+    backend: str = "hf"
+    """Rollout generation: ``hf`` (transformers, the training model itself) or ``vllm``
+    (a vLLM engine whose weights are replaced after every update; GPU only)."""
+    tasks: str = "train"
+    """A generated split (``train``, ``val``, ``test``) or a JSONL task file."""
+    task_format: str = "native"
+    """``native`` or ``official`` task records (a task file only)."""
+    tasks_per_step: int = 8
+    """Root tasks per update (paper: 8)."""
+    trees_per_task: int = 8
+    """K: rollouts (trees) per root task; the leave-one-out group (paper: 8)."""
+    schedule: str = "execution:16,delegation:2,rubric_generation:2"
+    """Stages and their update counts per cycle (:class:`~sera_core.train.stages.StageController`)."""
+    child_reward: str = "rubric"
+    """A child's execution reward: its ``rubric`` score ``s_v`` (SERA) or the external
+    binary ``label`` (RAO rows)."""
+    max_depth: int = 3
+    """Deepest agent (0: single agent, no delegation)."""
+    max_steps_per_agent: int = 20
+    """Turns per agent."""
+    counterfactual: int = 8
+    """B: branches per delegation point in rubric-generation rollouts (0: none)."""
+    fork_cap: int = 16
+    """Most forked worlds per root rollout (soft cap)."""
+    rubric_writer: str = "policy"
+    """``policy``, ``global`` (one fixed rubric; ablation) or ``external`` (ablation)."""
+    scorer: str = "policy"
+    """``policy`` or ``external`` (ablation)."""
+    external_url: str | None = None
+    """OpenAI-compatible endpoint of the external writer/scorer (``external`` only)."""
+    external_model: str | None = None
+    """Model name sent to the external endpoint."""
+    malformed_policy: str = "drop_trajectory"
+    """What a malformed rubric or score does: ``drop_trajectory``, ``drop_rollout`` or ``binary_fallback``."""
+    rubric_variant: str = "ranking"
+    """Rubric-generation reward: ``ranking`` (-L_rank) or ``discriminative`` (plus score spread; ablation)."""
+    spread_weight: float = 1.0
+    """lambda of the discriminative variant."""
+    leaf_gate_filter: bool = False
+    """Count only leaves that passed their success gate (full SERA: False)."""
+    filter_zero_variance: bool = True
+    """Drop groups whose rewards are all equal (official ``filter_zero_variance_groups``)."""
+    depth_weighting: bool = True
+    """Multiply each datum's advantage by ``w_d`` (inverse count of datums at its depth)."""
+    loss: str = "cispo"
+    """``cispo`` (SERA and the RAO rows) or ``grpo`` (PPO-style clipped ratio; the single-agent GRPO row)."""
+    clip_low: float = 0.0
+    """CISPO: absolute lower bound of the importance ratio."""
+    clip_high: float = 5.0
+    """CISPO: absolute upper bound of the importance ratio."""
+    grpo_eps: float = 0.2
+    """GRPO: the ratio is clipped to [1 - eps, 1 + eps]."""
+    lr: float = 3e-6
+    """Adam learning rate (paper: 3e-6)."""
+    weight_decay: float = 0.017
+    """Decoupled weight decay (official: 0.017)."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """Adam moment decay rates (official beta2: 0.95)."""
+    grad_clip: float = 1.0
+    """Maximum global gradient norm."""
+    temperature: float = 1.0
+    """Sampling temperature of training rollouts."""
+    max_new_tokens: int | None = None
+    """Completion cap per agent turn (None: the benchmark's, TextCraft 512, TextWorld 3,072)."""
+    max_context_tokens: int | None = None
+    """Context cap per agent (None: the benchmark's, TextCraft 10,240, TextWorld 13,312)."""
+    micro_batch_tokens: int = 16384
+    """Tokens per forward/backward chunk of an update (gradient accumulation; memory only)."""
+    max_steps: int = 250
+    """Optimizer updates in all (paper: TextCraft 250, TextWorld 400)."""
+    checkpoint_every: int = 10
+    """A checkpoint every this many updates (and at the end)."""
+    mixed_precision: str = "no"
+    """``no`` (float32; CPU) or ``bf16`` (GPU)."""
+    seed: int = 0
+    """Base of every derived seed (tasks, rollouts)."""
+    out: str = "runs/sera"
+    """Run folder: metrics, checkpoints, rollouts."""
+    accelerate_config: str | None = None
+    """Accelerate config for multi-GPU launches (shipped: ``accelerate/1xh200.yaml``,
+    ``accelerate/2x8xh200.yaml``); informational for ``--dry-run``."""
+    gpus: int = 0
+    """GPUs the run expects (0: CPU); informational for ``--dry-run``."""
+
+    @property
+    def stages(self) -> StageController:
+        return StageController(self.schedule)
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in fields(self)}
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        return validate(dataclasses.replace(self, **changes))
+
+
+_CHOICES = {
+    "env": ENVS, "backend": BACKENDS, "task_format": ("native", "official"), "child_reward": CHILD_REWARDS,
+    "rubric_writer": ("policy", "global", "external"), "scorer": ("policy", "external"),
+    "malformed_policy": ("drop_trajectory", "drop_rollout", "binary_fallback"),
+    "rubric_variant": RUBRIC_VARIANTS, "loss": LOSSES, "mixed_precision": ("no", "bf16"),
+}
+_POSITIVE_INTS = ("tasks_per_step", "trees_per_task", "max_steps_per_agent", "micro_batch_tokens", "max_steps",
+                  "checkpoint_every")
+_NONNEG_INTS = ("max_depth", "counterfactual", "fork_cap", "seed", "gpus")
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` if it can run; :class:`ConfigError` naming the first bad key otherwise."""
+    def bad(key: str, why: str) -> ConfigError:
+        return ConfigError(f"config key {key!r}: {why} (got {getattr(cfg, key)!r})")
+
+    for key, options in _CHOICES.items():
+        if getattr(cfg, key) not in options:
+            raise bad(key, f"must be one of {options}")
+    for key in _POSITIVE_INTS:
+        if not (_is_int(getattr(cfg, key)) and getattr(cfg, key) >= 1):
+            raise bad(key, "must be an integer >= 1")
+    for key in _NONNEG_INTS:
+        if not (_is_int(getattr(cfg, key)) and getattr(cfg, key) >= 0):
+            raise bad(key, "must be an integer >= 0")
+    for key in ("max_new_tokens", "max_context_tokens"):
+        if getattr(cfg, key) is not None and not (_is_int(getattr(cfg, key)) and getattr(cfg, key) >= 1):
+            raise bad(key, "must be null or an integer >= 1")
+    for key in ("lr", "grad_clip", "temperature", "grpo_eps"):
+        if not (_is_num(getattr(cfg, key)) and getattr(cfg, key) > 0):
+            raise bad(key, "must be a finite number > 0")
+    for key in ("weight_decay", "spread_weight", "clip_low"):
+        if not (_is_num(getattr(cfg, key)) and getattr(cfg, key) >= 0):
+            raise bad(key, "must be a finite number >= 0")
+    if not (_is_num(cfg.clip_high) and cfg.clip_high > cfg.clip_low):
+        raise bad("clip_high", "must be a finite number > clip_low")
+    if not (isinstance(cfg.betas, tuple) and len(cfg.betas) == 2 and all(_is_num(b) and 0 <= b < 1 for b in cfg.betas)):
+        raise bad("betas", "must be two numbers in [0, 1)")
+    for key in ("leaf_gate_filter", "filter_zero_variance", "depth_weighting"):
+        if not isinstance(getattr(cfg, key), bool):
+            raise bad(key, "must be true or false")
+    for key in ("method", "model", "tasks", "out"):
+        if not (isinstance(getattr(cfg, key), str) and getattr(cfg, key)):
+            raise bad(key, "must be a non-empty string")
+    try:
+        stages = StageController(cfg.schedule)
+    except ValueError as exc:
+        raise bad("schedule", str(exc)) from None
+    counts = stages.counts(stages.cycle_length)
+    # -- consistency -----------------------------------------------------------------
+    if cfg.max_depth == 0 and (counts["delegation"] or counts["rubric_generation"]):
+        raise bad("schedule", "a single agent (max_depth 0) has no delegation or rubric-generation stage")
+    if counts["rubric_generation"] and cfg.counterfactual < 2:
+        raise bad("counterfactual", "a rubric_generation stage needs counterfactual branches (>= 2)")
+    if counts["rubric_generation"] and cfg.rubric_writer != "policy":
+        raise bad("rubric_writer", "a rubric_generation stage trains the policy's rubrics: the writer must be 'policy'")
+    if "external" in (cfg.rubric_writer, cfg.scorer) and not cfg.external_url:
+        raise bad("external_url", "an external rubric writer or scorer needs an endpoint")
+    if cfg.backend == "vllm" and cfg.mixed_precision != "bf16":
+        raise bad("mixed_precision", "the vllm backend runs on GPUs in bf16")
+    if cfg.task_format == "official" and cfg.tasks in ("train", "val", "test"):
+        raise bad("task_format", "official records come from a task file, not a generated split")
+    return cfg
+
+
+def load_config(path: str | Path, **overrides: Any) -> TrainConfig:
+    """The config of a YAML file (following ``extends``), with ``overrides`` on top, validated."""
+    values = _read(Path(path), seen=())
+    values.update(overrides)
+    names = {f.name for f in fields(TrainConfig)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ConfigError(f"{path}: unknown config key {unknown[0]!r} (known keys: {', '.join(sorted(names))})")
+    if isinstance(values.get("betas"), list):
+        values["betas"] = tuple(values["betas"])
+    return validate(TrainConfig(**values))
+
+
+def _read(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
+    path = path.resolve()
+    if path in seen:
+        raise ConfigError(f"{path}: 'extends' forms a cycle")
+    if not path.is_file():
+        raise ConfigError(f"no such config file: {path}")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a config is a mapping of keys to values")
+    base = data.pop("extends", None)
+    values = _read(path.parent / base, (*seen, path)) if base else {}
+    values.update(data)
+    return values
+
+
+def shipped_configs() -> list[Path]:
+    """Every method config shipped in the package (bases excluded: files not starting with ``_``)."""
+    return sorted(p for env in ENVS for p in (CONFIGS / env).glob("*.yaml") if not p.name.startswith("_"))
+
+
+__all__ = ["TrainConfig", "ConfigError", "load_config", "validate", "shipped_configs", "CONFIGS"]

@@ -1,0 +1,458 @@
+"""The SERA trainer: rollouts -> rewards -> advantages -> one CISPO update, on Accelerate.
+
+One optimizer update at version ``v`` (the number of updates already done):
+
+1. **Stage**: ``stage = StageController(cfg.schedule).stage(v)`` (16:2:2 by default); it
+   fixes the objective (the token role trained) and whether rollouts branch
+   counterfactually (rubric generation only).
+2. **Tasks**: ``tasks_per_step`` root tasks drawn with ``random.Random(derive_seed(seed,
+   "tasks", v))`` from the task list (the data cursor is the version itself).
+3. **Rollouts**: ``trees_per_task`` trees per task through the recursive runtime
+   (:class:`~sera_core.agents.runtime.Runtime`) at ``temperature``, seeded by
+   ``derive_seed(seed, "rollouts", v)``; the policy generates with the model being
+   trained (``hf``) or a vLLM engine whose weights are replaced after each update.
+4. **Rewards and advantages** of the stage's objective (:mod:`sera_core.rewards`,
+   :mod:`sera_core.train.advantages`): execution (children: rubric score or external
+   label), leaf coverage, or rubric ranking; LOO baselines, zero-variance filtering,
+   depth weighting.
+5. **Update**: CISPO (or GRPO) loss over the datums' tokens (:mod:`sera_core.train.update`),
+   AdamW (``lr``, ``betas``, ``weight_decay``), gradient clipping, one optimizer step.
+
+Per update a row goes to ``metrics.csv`` (columns: :data:`METRICS`, defined in
+docs/training.md) and, when installed, to TensorBoard. Every ``checkpoint_every`` updates
+and at the end a checkpoint is written atomically (``checkpoint.tmp/`` then renamed to
+``checkpoint/``): model weights, optimizer state, ``state.json`` (version, config,
+cumulative counters, sha256 of every file). ``resume=True`` continues from it: the stage
+position and the data cursor are functions of the version, every random draw is derived
+from ``(seed, version)``, so an interrupted run and an uninterrupted one write the same
+metrics at the same versions. A checkpoint whose files are missing or do not match their
+hashes is refused with :class:`CheckpointError`.
+
+Distributed (``accelerate launch`` with FSDP): each process plays the tasks
+``i::num_processes`` of the update's draw (all trees of one task stay on one process, so
+the execution and launch baselines are local), the rubric groups' rewards are gathered for
+the batch-wide LOO, and the token count of the token mean is summed over processes.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+from statistics import fmean, pstdev
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from sera_core.agents.actors import PolicyActor
+from sera_core.agents.runtime import Rollout, Runtime, RuntimeConfig
+from sera_core.agents.summary import summarize
+from sera_core.rewards.execution import execution_datums
+from sera_core.rewards.leaf_credit import leaf_datums
+from sera_core.rewards.rubric_ranking import rubric_datums
+from sera_core.train.advantages import (
+    Advantage,
+    depth_weighted,
+    execution_advantages,
+    leaf_advantages,
+    rubric_advantages,
+)
+from sera_core.train.cispo import CISPOConfig
+from sera_core.train.config import CONFIGS, TrainConfig
+from sera_core.train.stages import Stage, StageController
+from sera_core.train.update import loss_and_backward, token_rows
+from sera_core.utils.seeding import derive_seed
+
+METRICS = (
+    "version", "stage", "cycle", "tasks", "trees", "root_success", "agents", "delegations",
+    "rubric_validity", "score_validity", "groups", "groups_valid", "ranking_loss", "pairwise_accuracy",
+    "datums", "datums_filtered", "reward_mean", "advantage_mean", "advantage_std",
+    "loss", "grad_norm", "clip_fraction_low", "clip_fraction_high", "ratio_mean", "tokens_trained",
+    "tokens_execution", "tokens_launch", "tokens_rubric", "tokens_score",
+    "judge_calls", "external_calls", "external_tokens",
+    "seconds_generation", "seconds_environment", "seconds_update", "seconds",
+)
+"""The columns of ``metrics.csv`` (one row per update)."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be resumed from (the message says why)."""
+
+
+class TimedPolicy:
+    """A policy wrapper that counts the seconds spent in ``generate`` (generation time)."""
+
+    def __init__(self, policy: Any):
+        self.policy, self.seconds = policy, 0.0
+        self.tokenizer = policy.tokenizer
+
+    def generate(self, prompts, params):
+        t0 = time.perf_counter()
+        try:
+            return self.policy.generate(prompts, params)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.policy, name)
+
+
+def model_path(cfg: TrainConfig) -> Path:
+    """The folder of the starting model (``tiny``: the shipped embedded model)."""
+    if cfg.model == "tiny":
+        from sera_core.tiny.recipe import ASSETS
+
+        return ASSETS
+    return Path(cfg.model)
+
+
+def load_tasks(cfg: TrainConfig) -> list[dict]:
+    """The task records of ``cfg.tasks``: a generated split or a JSONL file (validated)."""
+    if cfg.env == "textcraft":
+        from sera_core.envs.textcraft.tasks import generate_split, validate_record
+    else:
+        from sera_core.envs.textworld.tasks import generate_split, validate_record
+    if cfg.tasks in ("train", "val", "test"):
+        return generate_split(cfg.tasks)
+    from sera_core.utils.jsonio import read_jsonl
+
+    records = list(read_jsonl(cfg.tasks))
+    for i, rec in enumerate(records):
+        validate_record(rec, f"{cfg.tasks}:{i + 1}")
+    return records
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class Trainer:
+    """Trains ``cfg``'s method (module docstring). ``run()`` does the updates."""
+
+    def __init__(self, cfg: TrainConfig, *, progress: bool = True):
+        from accelerate import Accelerator
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.cfg, self.progress = cfg, progress
+        self.out = Path(cfg.out)
+        self.stages = StageController(cfg.schedule)
+        self.accelerator = Accelerator(mixed_precision=cfg.mixed_precision, cpu=not torch.cuda.is_available())
+        path = model_path(cfg)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"model {path} holds no Hugging Face model (config.json)")
+        self.tokenizer = AutoTokenizer.from_pretrained(str(path))
+        torch.manual_seed(derive_seed(cfg.seed, "init"))
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self.policy = self._policy(path)
+        self.tasks = load_tasks(cfg)
+        self.version = 0
+        self.counters = {"tokens_trained": 0, "judge_calls": 0, "external_calls": 0, "external_tokens": 0}
+        self.external = self._external()
+
+    # -- setup -------------------------------------------------------------------------
+    def _policy(self, path: Path):
+        if self.cfg.backend == "vllm":
+            from sera_core.policy.vllm_backend import VLLMPolicy
+
+            return VLLMPolicy(path, gpu_memory_utilization=0.35)
+        from sera_core.policy.hf import HFPolicy
+
+        return HFPolicy.from_model(self.accelerator.unwrap_model(self.model), self.tokenizer)
+
+    def _external(self):
+        if "external" not in (self.cfg.rubric_writer, self.cfg.scorer):
+            return None
+        from sera_core.agents.actors import ExternalChatActor
+        from sera_core.judges import LLMJudge, LLMJudgeConfig
+
+        return ExternalChatActor(LLMJudge(LLMJudgeConfig(base_url=self.cfg.external_url, model=self.cfg.external_model,
+                                                         api_key_env="SERA_EXTERNAL_API_KEY")))
+
+    # -- one update --------------------------------------------------------------------
+    def batch_tasks(self, version: int) -> list[dict]:
+        """This process's share of the update's root tasks (module docstring)."""
+        rng = random.Random(derive_seed(self.cfg.seed, "tasks", version))
+        drawn = rng.sample(self.tasks, min(self.cfg.tasks_per_step, len(self.tasks)))
+        return drawn[self.accelerator.process_index::self.accelerator.num_processes]
+
+    def runtime(self, stage: Stage, version: int, policy: Any) -> Runtime:
+        cfg = self.cfg
+        rc = RuntimeConfig(
+            max_depth=cfg.max_depth, max_steps=cfg.max_steps_per_agent, temperature=cfg.temperature,
+            max_new_tokens=cfg.max_new_tokens, max_context_tokens=cfg.max_context_tokens,
+            counterfactual=cfg.counterfactual if stage.counterfactual else 0, fork_cap=cfg.fork_cap,
+            rubric_writer=cfg.rubric_writer, scorer=cfg.scorer, malformed_policy=cfg.malformed_policy,
+            label_children=True, seed=derive_seed(cfg.seed, "rollouts", version))
+        return Runtime(cfg.env, PolicyActor(policy), rc, external=self.external, official=cfg.task_format == "official")
+
+    def advantages(self, stage: Stage, rollouts: list[Rollout]) -> tuple[list[Advantage], int]:
+        """The stage's advantages, depth-weighted when configured, and how many datums
+        zero-variance filtering dropped."""
+        cfg, trees = self.cfg, [r.tree for r in rollouts]
+        if stage.name == "execution":
+            datums = [d for t in trees for d in execution_datums(t, cfg.child_reward)]
+            adv = execution_advantages(datums, trees, filter_zero_variance=cfg.filter_zero_variance)
+        elif stage.name == "delegation":
+            datums = [d for t in trees for d in leaf_datums(t, cfg.leaf_gate_filter)]
+            adv = leaf_advantages(datums, trees, filter_zero_variance=cfg.filter_zero_variance)
+        else:
+            datums = rubric_datums([p for r in rollouts for p in r.points], cfg.rubric_variant, cfg.spread_weight)
+            batch = self._gather_rubric(datums)
+            mine = set(datums)
+            every = rubric_advantages(batch, filter_zero_variance=cfg.filter_zero_variance)
+            filtered = len(batch) - len(every)
+            adv = [a for a in every if a.datum in mine]
+        if stage.name != "rubric_generation":
+            filtered = len(datums) - len(adv)
+        if cfg.depth_weighting:
+            adv = depth_weighted(adv)
+        return adv, filtered
+
+    def _gather_rubric(self, datums: list) -> list:
+        """Every process's rubric datums (the rubric LOO runs across the whole batch)."""
+        if self.accelerator.num_processes == 1:
+            return datums
+        from accelerate.utils import gather_object
+
+        return list(gather_object(datums))
+
+    def step(self) -> dict[str, Any]:
+        """One update at ``self.version``; returns its metrics row."""
+        cfg, v = self.cfg, self.version
+        stage = self.stages.stage(v)
+        t0 = time.perf_counter()
+        torch.manual_seed(derive_seed(cfg.seed, "torch", v))
+        model = self.accelerator.unwrap_model(self.model)
+        model.eval()
+        timed = TimedPolicy(self.policy)
+        rollouts = self.runtime(stage, v, timed).run(self.batch_tasks(v), trees=cfg.trees_per_task,
+                                                     progress=False)
+        t_rollout = time.perf_counter() - t0
+        adv, filtered = self.advantages(stage, rollouts)
+        rows = token_rows({r.tree.tree_id: r.tree for r in rollouts}, adv)
+        tokens = torch.tensor(sum(r.tokens for r in rows), device=self.accelerator.device)
+        total_tokens = int(self.accelerator.reduce(tokens, "sum")) if self.accelerator.num_processes > 1 else int(tokens)
+        t1 = time.perf_counter()
+        model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        stats = loss_and_backward(self.model, rows, pad_id=self.tokenizer.pad_token_id, total_tokens=total_tokens,
+                                  micro_batch_tokens=cfg.micro_batch_tokens, loss=cfg.loss,
+                                  cispo=CISPOConfig(cfg.clip_low, cfg.clip_high), grpo_eps=cfg.grpo_eps,
+                                  backward=self.accelerator.backward)
+        grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), cfg.grad_clip) if rows else 0.0
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        model.eval()
+        if cfg.backend == "vllm":
+            self.policy.load_weights(self.accelerator.get_state_dict(self.model))
+        t_update = time.perf_counter() - t1
+        self.version += 1
+        return self._metrics(v, stage, rollouts, adv, filtered, stats, float(grad_norm), timed.seconds,
+                             t_rollout, t_update, time.perf_counter() - t0)
+
+    def _metrics(self, v: int, stage: Stage, rollouts: list[Rollout], adv: list[Advantage], filtered: int,
+                 stats: dict, grad_norm: float, t_gen: float, t_rollout: float, t_update: float, seconds: float) -> dict:
+        summary = summarize(rollouts)
+        values = [a.value for a in adv]
+        calls = summary["scores"]["scored"] + summary["scores"]["malformed"]
+        judge = sum(1 for r in rollouts for n in r.tree.nodes.values() if n.label is not None)
+        judge += sum(1 for r in rollouts for p in r.points for lab in p["labels"][1:] if lab is not None)
+        self.counters["tokens_trained"] += int(stats["tokens"])
+        self.counters["judge_calls"] += judge
+        if self.external is not None:
+            ext = self.external.stats.as_dict()
+            self.counters["external_calls"], self.counters["external_tokens"] = (
+                ext["calls"], ext["input_tokens"] + ext["output_tokens"])
+        return {
+            "version": v, "stage": stage.name, "cycle": stage.cycle, "tasks": len({r.tree.task_id for r in rollouts}),
+            "trees": summary["trees"], "root_success": summary["root_success_rate"], "agents": summary["agents"],
+            "delegations": summary["delegations"], "rubric_validity": summary["rubrics"]["validity"],
+            "score_validity": round(summary["scores"]["scored"] / calls, 4) if calls else None,
+            "groups": summary["groups"]["total"], "groups_valid": summary["groups"]["valid"],
+            "ranking_loss": summary["mean_ranking_loss"], "pairwise_accuracy": summary["mean_pairwise_accuracy"],
+            "datums": len(adv), "datums_filtered": filtered,
+            "reward_mean": round(fmean(a.datum.reward for a in adv), 6) if adv else None,
+            "advantage_mean": round(fmean(values), 6) if values else None,
+            "advantage_std": round(pstdev(values), 6) if values else None,
+            "loss": round(stats["loss"], 8), "grad_norm": round(grad_norm, 6),
+            "clip_fraction_low": round(stats["clip_fraction_low"], 6), "clip_fraction_high": round(stats["clip_fraction_high"], 6),
+            "ratio_mean": round(stats["ratio_mean"], 6), "tokens_trained": int(stats["tokens"]),
+            **{f"tokens_{role}": n for role, n in summary["tokens"].items()},
+            "judge_calls": self.counters["judge_calls"], "external_calls": self.counters["external_calls"],
+            "external_tokens": self.counters["external_tokens"],
+            "seconds_generation": round(t_gen, 3), "seconds_environment": round(max(0.0, t_rollout - t_gen), 3),
+            "seconds_update": round(t_update, 3), "seconds": round(seconds, 3),
+        }
+
+    # -- the loop ----------------------------------------------------------------------
+    def run(self, *, max_steps: int | None = None, resume: bool = False, stop_after: int | None = None) -> list[dict]:
+        """Updates from the current version to ``max_steps`` (default ``cfg.max_steps``);
+        ``resume`` continues from ``out/checkpoint``; ``stop_after`` returns after that
+        many updates of this call (to test interruption). Returns this call's rows."""
+        target = self.cfg.max_steps if max_steps is None else max_steps
+        if resume and (self.out / "checkpoint").exists():
+            self.load(self.out / "checkpoint")
+        elif not resume:
+            shutil.rmtree(self.out / "checkpoint", ignore_errors=True)
+            (self.out / "metrics.csv").unlink(missing_ok=True)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self._trim_metrics()
+        rows: list[dict] = []
+        bar = tqdm(total=target, initial=self.version, desc=f"train {self.cfg.method}", disable=not self.progress)
+        while self.version < target:
+            row = self.step()
+            rows.append(row)
+            self._append_metrics(row)
+            bar.update(1)
+            bar.set_postfix(stage=row["stage"][:5], success=row["root_success"], loss=f"{row['loss']:.4f}")
+            if self.version % self.cfg.checkpoint_every == 0 or self.version == target:
+                self.save()
+            if stop_after is not None and len(rows) >= stop_after:
+                break
+        bar.close()
+        return rows
+
+    # -- metrics -----------------------------------------------------------------------
+    def _append_metrics(self, row: dict) -> None:
+        if not self.accelerator.is_main_process:
+            return
+        path = self.out / "metrics.csv"
+        new = not path.exists()
+        with path.open("a", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=METRICS)
+            if new:
+                w.writeheader()
+            w.writerow({k: ("" if row[k] is None else row[k]) for k in METRICS})
+        self._tensorboard(row)
+
+    def _tensorboard(self, row: dict) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:  # TensorBoard is optional
+            return
+        if not hasattr(self, "_tb"):
+            self._tb = SummaryWriter(str(self.out / "tensorboard"))
+        for k, x in row.items():
+            if isinstance(x, (int, float)) and k != "version":
+                self._tb.add_scalar(k, x, row["version"])
+        self._tb.flush()
+
+    def _trim_metrics(self) -> None:
+        """Keep only the rows of versions already done (a resumed run rewrites later ones)."""
+        path = self.out / "metrics.csv"
+        if not path.exists():
+            return
+        with path.open(newline="") as f:
+            rows = [r for r in csv.DictReader(f) if int(r["version"]) < self.version]
+        with path.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=METRICS)
+            w.writeheader()
+            w.writerows(rows)
+
+    # -- checkpoints -------------------------------------------------------------------
+    def save(self) -> Path:
+        """Write ``out/checkpoint`` atomically (module docstring)."""
+        from safetensors.torch import save_model
+
+        self.accelerator.wait_for_everyone()
+        final, tmp, old = self.out / "checkpoint", self.out / "checkpoint.tmp", self.out / "checkpoint.old"
+        if self.accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            save_model(self.accelerator.unwrap_model(self.model), str(tmp / "model.safetensors"))
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            files = {name: _sha256(tmp / name) for name in ("model.safetensors", "optimizer.pt")}
+            state = {"version": self.version, "config": self.cfg.to_json(), "counters": self.counters, "files": files}
+            (tmp / "state.json").write_text(json.dumps(state, indent=1))
+            if final.exists():
+                shutil.rmtree(old, ignore_errors=True)
+                os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+        return final
+
+    def load(self, path: Path) -> None:
+        """Restore a checkpoint written by :meth:`save`, after checking it is whole and ours."""
+        from safetensors.torch import load_model
+
+        try:
+            state = json.loads((path / "state.json").read_text())
+            files = state["files"]
+            version = int(state["version"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{path}: no readable state.json ({exc}); the checkpoint is partial or corrupt") from None
+        for name, digest in files.items():
+            if not (path / name).is_file():
+                raise CheckpointError(f"{path}: {name} is missing; the checkpoint is partial")
+            if _sha256(path / name) != digest:
+                raise CheckpointError(f"{path}: {name} does not match its sha256; the checkpoint is corrupt")
+        mine, theirs = self.cfg.to_json(), state["config"]
+        changed = sorted(k for k in mine if k not in ("max_steps", "checkpoint_every") and mine[k] != theirs.get(k))
+        if changed:
+            raise CheckpointError(f"{path}: written with another config (differs in {', '.join(changed)})")
+        load_model(self.accelerator.unwrap_model(self.model), str(path / "model.safetensors"))
+        self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+        self.version, self.counters = version, dict(state["counters"])
+
+
+def plan(cfg: TrainConfig) -> dict[str, Any]:
+    """What ``sera train --dry-run`` prints: the run's plan, without loading a model."""
+    stages = StageController(cfg.schedule)
+    trees = cfg.tasks_per_step * cfg.trees_per_task
+    context = cfg.max_context_tokens or (10240 if cfg.env == "textcraft" else 13312)
+    out_cap = cfg.max_new_tokens or (512 if cfg.env == "textcraft" else 3072)
+    params = _parameter_count(cfg)
+    accel = None
+    if cfg.accelerate_config:
+        p = Path(cfg.accelerate_config)
+        accel = str(p if p.is_absolute() else CONFIGS / p)
+    return {
+        "method": cfg.method, "env": cfg.env, "model": str(model_path(cfg)), "backend": cfg.backend,
+        "schedule": stages.schedule, "cycle_length": stages.cycle_length,
+        "updates": cfg.max_steps, "updates_per_stage": stages.counts(cfg.max_steps),
+        "batch": {"root_tasks": cfg.tasks_per_step, "trees_per_task": cfg.trees_per_task, "trees": trees,
+                  "counterfactual_branches": cfg.counterfactual if stages.counts(stages.cycle_length)["rubric_generation"] else 0},
+        "child_reward": cfg.child_reward, "loss": cfg.loss, "lr": cfg.lr, "betas": list(cfg.betas),
+        "weight_decay": cfg.weight_decay, "grad_clip": cfg.grad_clip,
+        "clip": [cfg.clip_low, cfg.clip_high] if cfg.loss == "cispo" else [1 - cfg.grpo_eps, 1 + cfg.grpo_eps],
+        "context_tokens": context, "max_new_tokens": out_cap,
+        "tokens_per_step_max": trees * context,
+        "devices": {"gpus": cfg.gpus, "accelerate_config": accel, "mixed_precision": cfg.mixed_precision},
+        "memory": _memory(params, cfg),
+        "out": cfg.out,
+    }
+
+
+def _parameter_count(cfg: TrainConfig) -> int | None:
+    """Parameters of the model from its config.json (None if the folder is not there yet)."""
+    path = model_path(cfg) / "config.json"
+    if not path.is_file():
+        return 4_022_468_096 if "Qwen3-4B" in cfg.model else None  # Qwen3-4B-Instruct-2507
+    c = json.loads(path.read_text())
+    h, n, inter, vocab = c["hidden_size"], c["num_hidden_layers"], c["intermediate_size"], c["vocab_size"]
+    heads, kv, hd = c["num_attention_heads"], c["num_key_value_heads"], c.get("head_dim") or h // c["num_attention_heads"]
+    layer = h * hd * (heads + 2 * kv) + heads * hd * h + 3 * h * inter + 2 * h + 2 * hd
+    return n * layer + vocab * h * (1 if c.get("tie_word_embeddings") else 2) + h
+
+
+def _memory(params: int | None, cfg: TrainConfig) -> dict[str, Any]:
+    """Training-state memory: weights + gradients + two Adam moments in float32 (16 bytes a
+    parameter; bf16 autocast keeps float32 master weights), sharded over the GPUs by FSDP."""
+    if params is None:
+        return {"parameters": None}
+    total = params * 16
+    return {"parameters": params, "training_state_gib": round(total / 2**30, 2),
+            "per_gpu_gib": round(total / max(cfg.gpus, 1) / 2**30, 2)}

@@ -1,0 +1,142 @@
+"""One policy update: datums' tokens -> current logprobs -> CISPO (or GRPO) loss -> gradients.
+
+Each :class:`~sera_core.train.advantages.Advantage` names the tokens of one role in one
+place of a tree (:class:`~sera_core.rewards.Datum`). :func:`token_rows` turns them into
+training rows: token ids, and per position whether it is trained, its old logprob
+(recorded at generation) and its advantage ``w_d * A``. An agent's act turns are packed
+into one row when each turn's context extends the previous turn's context and completion
+(always, unless a context was cut): the same tokens in the same contexts, one forward
+pass instead of one per turn.
+
+:func:`loss_and_backward` runs the rows in micro-batches of at most ``micro_batch_tokens``
+tokens, computes ``log pi_theta`` of every trained token, and back-propagates::
+
+    loss = sum_{rows, trained t} loss_t / N_tokens        (token mean over the whole update)
+
+with ``loss_t`` CISPO's ``-sg(clip(rho_t, c_min, c_max)) A_t log pi_theta(a_t|h_t)`` (or
+GRPO's clipped surrogate). ``N_tokens`` counts every trained token of the update (on
+every process when training is distributed), so micro-batching changes nothing but memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from sera_core.agents.tree import Tree
+from sera_core.train.advantages import Advantage
+from sera_core.train.cispo import CISPOConfig, cispo_loss, grpo_loss
+
+
+@dataclass(frozen=True)
+class TokenRow:
+    """One training sequence: ids, and per position (aligned with ``ids``) what to train."""
+
+    ids: tuple[int, ...]
+    """Prompt and completion token ids."""
+    trained: tuple[bool, ...]
+    """True at the positions whose token is trained (completion tokens of the datum's role)."""
+    old_logprobs: tuple[float, ...]
+    """log pi_old of each trained position's token (0 elsewhere)."""
+    advantage: tuple[float, ...]
+    """``w_d * A`` at each trained position (0 elsewhere)."""
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.trained)
+
+
+def token_rows(trees: Mapping[str, Tree], advantages: Sequence[Advantage]) -> list[TokenRow]:
+    """The training rows of ``advantages`` (module docstring), in datum order."""
+    rows = []
+    for a in advantages:
+        d = a.datum
+        node = trees[d.tree_id].nodes[d.node_id]
+        turns = [t for t in node.turns if t.kind == "act"] if d.turn is None else [node.turns[d.turn]]
+        ids: list[int] = []
+        trained: list[bool] = []
+        old: list[float] = []
+        for turn in turns:
+            mask = turn.mask(d.role)
+            if not any(mask):
+                continue
+            full = turn.prompt_ids + turn.completion_ids
+            if ids and full[:len(ids)] != ids:  # the context was not extended: start a new row
+                rows.append(_row(ids, trained, old, a.value))
+                ids, trained, old = [], [], []
+            prompt_tail = len(turn.prompt_ids) - len(ids)
+            ids = list(full)
+            trained += [False] * prompt_tail + list(mask)
+            old += [0.0] * prompt_tail + [lp if m else 0.0 for lp, m in zip(turn.logprobs, mask, strict=True)]
+        if ids:
+            rows.append(_row(ids, trained, old, a.value))
+    return rows
+
+
+def _row(ids: list[int], trained: list[bool], old: list[float], value: float) -> TokenRow:
+    return TokenRow(tuple(ids), tuple(trained), tuple(old), tuple(value if t else 0.0 for t in trained))
+
+
+def micro_batches(rows: Sequence[TokenRow], max_tokens: int) -> list[list[TokenRow]]:
+    """Rows in order, grouped so each group's padded size (rows x longest) stays within
+    ``max_tokens`` (a longer row is a group of its own)."""
+    groups: list[list[TokenRow]] = []
+    for row in rows:
+        if groups and (len(groups[-1]) + 1) * max(len(row.ids), max(len(r.ids) for r in groups[-1])) <= max_tokens:
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+    return groups
+
+
+def _tensors(rows: Sequence[TokenRow], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """Right-padded ``(batch, longest)`` tensors; targets shifted: position t predicts token t + 1."""
+    n = max(len(r.ids) for r in rows)
+    def pad(values, fill, dtype):
+        return torch.tensor([list(v) + [fill] * (n - len(v)) for v in values], dtype=dtype, device=device)
+    return {
+        "input_ids": pad([r.ids for r in rows], pad_id, torch.long),
+        "attention_mask": pad([[1] * len(r.ids) for r in rows], 0, torch.long),
+        "trained": pad([r.trained for r in rows], False, torch.bool),
+        "old": pad([r.old_logprobs for r in rows], 0.0, torch.float32),
+        "advantage": pad([r.advantage for r in rows], 0.0, torch.float32),
+    }
+
+
+def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """``log pi_theta(x_{t+1} | x_{<=t})`` for every position, ``(batch, T - 1)``, in float32."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+
+
+def loss_and_backward(model, rows: Sequence[TokenRow], *, pad_id: int, total_tokens: int, micro_batch_tokens: int,
+                      loss: str = "cispo", cispo: CISPOConfig | None = None, grpo_eps: float = 0.2,
+                      backward: Callable[[torch.Tensor], None] | None = None) -> dict[str, float]:
+    """Back-propagate the update's loss (module docstring) micro-batch by micro-batch.
+
+    ``total_tokens``: ``N_tokens`` of the whole update (all processes). ``backward``:
+    how to back-propagate (``accelerator.backward``; default ``Tensor.backward``).
+    Returns the loss and the token-weighted clip statistics of the rows."""
+    device = next(model.parameters()).device
+    backward = backward or (lambda t: t.backward())
+    sums = {"loss": 0.0, "clip_fraction_low": 0.0, "clip_fraction_high": 0.0, "ratio_mean": 0.0, "tokens": 0.0}
+    for group in micro_batches(rows, micro_batch_tokens):
+        b = _tensors(group, pad_id, device)
+        logp = sequence_logprobs(model, b["input_ids"], b["attention_mask"])
+        mask, old, adv = b["trained"][:, 1:], b["old"][:, 1:], b["advantage"][:, 1:]
+        if loss == "grpo":
+            total, stats = grpo_loss(logp, old, adv, mask, eps=grpo_eps)
+        else:
+            bounds = cispo or CISPOConfig()
+            total, stats = cispo_loss(logp, old, adv, mask, cfg=CISPOConfig(bounds.clip_low, bounds.clip_high, "sum"))
+        scaled = total / max(total_tokens, 1)
+        backward(scaled)
+        sums["loss"] += float(scaled.detach())
+        for key in ("clip_fraction_low", "clip_fraction_high", "ratio_mean"):
+            sums[key] += stats[key] * stats["tokens"]
+        sums["tokens"] += stats["tokens"]
+    n = sums["tokens"]
+    return {"loss": sums["loss"], "tokens": n, **{k: (sums[k] / n if n else 0.0)
+                                                  for k in ("clip_fraction_low", "clip_fraction_high", "ratio_mean")}}

@@ -1,0 +1,107 @@
+"""Training configs: every shipped method loads, bad keys fail before any work, the full plan matches the paper."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sera_core.cli import main
+from sera_core.train.config import ConfigError, TrainConfig, load_config, shipped_configs, validate
+from sera_core.train.trainer import plan
+
+METHODS = {"grpo", "cispo", "rao", "rao_rt", "rao_d", "sera_wo_d_rt", "sera_wo_d", "sera"}
+ABLATIONS = {"ablation_external_writer", "ablation_external_scorer", "ablation_external_both",
+             "ablation_global_rubric", "ablation_discriminative"}
+
+
+def test_every_method_and_scale_is_shipped_and_valid():
+    names = {(p.parent.name, p.stem) for p in shipped_configs()}
+    for env in ("textcraft", "textworld"):
+        for scale in ("tiny", "full"):
+            for m in METHODS:
+                assert (env, f"{m}_{scale}") in names
+    assert {(e, f"{a}_{s}") for e in ["textcraft"] for a in ABLATIONS for s in ("tiny", "full")} <= names
+    for path in shipped_configs():
+        cfg = load_config(path)
+        assert cfg.method == path.stem.rsplit("_", 1)[0] and cfg.env == path.parent.name
+
+
+@pytest.mark.parametrize("method, child_reward, schedule, depth", [
+    ("cispo", "rubric", "execution:1", 0), ("grpo", "rubric", "execution:1", 0),
+    ("rao", "label", "execution:1", 3), ("rao_rt", "label", "execution:16,rubric_generation:2", 3),
+    ("rao_d", "label", "execution:16,delegation:2", 3), ("sera_wo_d_rt", "rubric", "execution:1", 3),
+    ("sera_wo_d", "rubric", "execution:16,rubric_generation:2", 3),
+    ("sera", "rubric", "execution:16,delegation:2,rubric_generation:2", 3),
+])
+def test_methods_match_the_papers_table(method, child_reward, schedule, depth):
+    from sera_core.train.config import CONFIGS
+
+    cfg = load_config(CONFIGS / "textcraft" / f"{method}_full.yaml")
+    assert (cfg.child_reward, cfg.schedule, cfg.max_depth) == (child_reward, schedule, depth)
+    assert cfg.loss == ("grpo" if method == "grpo" else "cispo")
+
+
+def test_full_plan_matches_the_paper(capsys):
+    from sera_core.train.config import CONFIGS
+
+    assert main(["train", "--config", str(CONFIGS / "textcraft" / "sera_full.yaml"), "--dry-run"]) == 0
+    p = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert p["batch"] == {"root_tasks": 8, "trees_per_task": 8, "trees": 64, "counterfactual_branches": 8}
+    assert p["schedule"] == "execution:16,delegation:2,rubric_generation:2" and p["lr"] == 3e-6
+    assert p["context_tokens"] == 10240 and p["max_new_tokens"] == 512 and p["updates"] == 250
+    assert p["updates_per_stage"] == {"execution": 202, "delegation": 24, "rubric_generation": 24}
+    assert p["clip"] == [0.0, 5.0] and p["weight_decay"] == 0.017 and p["betas"] == [0.9, 0.95]
+    assert p["devices"]["gpus"] == 16 and p["devices"]["accelerate_config"].endswith("2x8xh200.yaml")
+    assert p["memory"]["parameters"] > 4e9
+    tw = plan(load_config(CONFIGS / "textworld" / "sera_full.yaml"))
+    assert tw["context_tokens"] == 13312 and tw["max_new_tokens"] == 3072 and tw["updates"] == 400
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("text, key", [
+    ("lrr: 1\n", "lrr"),
+    ("lr: -1\n", "lr"),
+    ("env: minecraft\n", "env"),
+    ("tasks_per_step: 0\n", "tasks_per_step"),
+    ("betas: [0.9, 1.5]\n", "betas"),
+    ("schedule: 'execution:16,planning:2'\n", "schedule"),
+    ("counterfactual: 0\n", "counterfactual"),  # SERA's rubric stage needs branches
+    ("max_depth: 0\n", "schedule"),  # a single agent cannot delegate
+    ("rubric_writer: global\n", "rubric_writer"),  # nothing to train in the rubric stage
+    ("scorer: external\n", "external_url"),
+    ("clip_high: 0.0\n", "clip_high"),
+    ("depth_weighting: 1\n", "depth_weighting"),
+    ("backend: vllm\n", "mixed_precision"),
+])
+def test_bad_configs_fail_naming_the_key(tmp_path, text, key):
+    from sera_core.train.config import CONFIGS
+
+    path = write(tmp_path, f"extends: {CONFIGS / 'textcraft' / 'sera_tiny.yaml'}\n{text}")
+    with pytest.raises(ConfigError, match=f"'{key}'"):
+        load_config(path)
+
+
+def test_extends_overrides_and_cycles(tmp_path):
+    base = tmp_path / "base.yaml"
+    base.write_text("lr: 0.5\nseed: 3\n")
+    child = write(tmp_path, "extends: base.yaml\nseed: 4\nschedule: 'execution:1'\n")
+    cfg = load_config(child)
+    assert (cfg.lr, cfg.seed) == (0.5, 4)
+    base.write_text("extends: c.yaml\n")
+    with pytest.raises(ConfigError, match="cycle"):
+        load_config(child)
+    with pytest.raises(ConfigError, match="no such config"):
+        load_config(tmp_path / "missing.yaml")
+    assert validate(TrainConfig()) == TrainConfig()
+
+
+def test_cli_reports_bad_configs_before_work(tmp_path, capsys):
+    path = write(tmp_path, "tasks_per_step: two\n")
+    assert main(["train", "--config", str(path), "--dry-run"]) == 2
+    assert "tasks_per_step" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
