@@ -1,0 +1,121 @@
+"""One policy update on a real (random-initialised) Qwen3 model: rows, packing, direction, micro-batching."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sera_core.agents.tree import Tree, Turn
+from sera_core.policy.tiny import TinyModelConfig, default_tokenizer, init_model
+from sera_core.rewards import Datum
+from sera_core.train.advantages import Advantage
+from sera_core.train.update import TokenRow, loss_and_backward, micro_batches, sequence_logprobs, token_rows
+
+
+def act(prompt, completion, roles, logprobs=None):
+    return Turn("act", prompt, completion, logprobs or [-1.0] * len(completion), roles)
+
+
+def agent_tree() -> Tree:
+    """A root with two act turns whose contexts extend each other, a rubric call, and a
+    third act turn after a cut context (so it cannot be packed)."""
+    tree = Tree.new("t", "textcraft", "x", "task")
+    t0 = act([1, 2, 3], [10, 11], ["execution", "execution"], [-0.1, -0.2])
+    t1 = act([1, 2, 3, 10, 11, 4], [12, 13, 14], ["execution", "launch", "launch"], [-0.3, -0.4, -0.5])
+    rubric = Turn("rubric", [9, 9], [20, 21], [-0.6, -0.7], ["rubric", "rubric"])
+    t2 = act([5, 6], [15], ["execution"], [-0.8])
+    tree.root.turns += [t0, t1, rubric, t2]
+    tree.add_child("0", "sub", launch_step=1)
+    return tree
+
+
+def test_rows_pack_an_agents_turns_and_mask_exactly_the_role():
+    tree = agent_tree()
+    exec_adv = Advantage(Datum("t", "x", "0", None, "execution", 0, 1.0), 0.5, 2.0)
+    rows = token_rows({"t": tree}, [exec_adv])
+    assert len(rows) == 2  # t0+t1 packed; t2's context does not extend them
+    packed = rows[0]
+    assert packed.ids == (1, 2, 3, 10, 11, 4, 12, 13, 14)
+    assert packed.trained == (False, False, False, True, True, False, True, False, False)
+    assert packed.old_logprobs == (0, 0, 0, -0.1, -0.2, 0, -0.3, 0, 0)
+    assert packed.advantage == (0, 0, 0, 1.0, 1.0, 0, 1.0, 0, 0)  # w_d * A = 2 * 0.5
+    assert rows[1].ids == (5, 6, 15) and rows[1].trained == (False, False, True)
+    launch = token_rows({"t": tree}, [Advantage(Datum("t", "x", "0", 1, "launch", 0, 1.0), -1.0)])
+    assert [r.trained for r in launch] == [(False,) * 6 + (False, True, True)]
+    rubric = token_rows({"t": tree}, [Advantage(Datum("t", "x", "0", 2, "rubric", 0, 1.0), 1.0)])
+    assert rubric[0].ids == (9, 9, 20, 21) and rubric[0].tokens == 2
+
+
+def test_micro_batches_respect_the_token_budget():
+    rows = [TokenRow((1,) * n, (True,) * n, (0.0,) * n, (1.0,) * n) for n in (4, 4, 3, 9, 2)]
+    groups = micro_batches(rows, 8)
+    assert [[len(r.ids) for r in g] for g in groups] == [[4, 4], [3], [9], [2]]
+    assert [r for g in groups for r in g] == rows
+
+
+@pytest.fixture(scope="module")
+def model_and_rows():
+    tok = default_tokenizer()
+    model = init_model(tok, TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                            num_attention_heads=2, num_key_value_heads=1, head_dim=16), seed=0)
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for n in (12, 7, 20):
+        ids = tuple(torch.randint(5, 500, (n,), generator=g).tolist())
+        trained = tuple(i >= n // 2 for i in range(n))
+        rows.append((ids, trained))
+    return model, rows
+
+
+def _rows(model, spec, advantage: float, stale: float = 0.0):
+    """Rows whose old logprobs are the model's own (on-policy), shifted by ``stale``."""
+    out = []
+    for ids, trained in spec:
+        with torch.no_grad():
+            lp = sequence_logprobs(model, torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long))[0].tolist()
+        old = [0.0] + [x + stale for x in lp]  # position t's token was predicted at t - 1
+        out.append(TokenRow(ids, trained, tuple(o if t else 0.0 for o, t in zip(old, trained)),
+                            tuple(advantage if t else 0.0 for t in trained)))
+    return out
+
+
+def _trained_logprob(model, rows):
+    total = 0.0
+    with torch.no_grad():
+        for r in rows:
+            lp = sequence_logprobs(model, torch.tensor([r.ids]), torch.ones(1, len(r.ids), dtype=torch.long))[0]
+            total += float(lp[torch.tensor(r.trained[1:])].sum())
+    return total
+
+
+@pytest.mark.parametrize("loss", ["cispo", "grpo"])
+@pytest.mark.parametrize("advantage", [1.0, -1.0])
+def test_an_update_moves_trained_tokens_in_the_advantages_direction(model_and_rows, loss, advantage):
+    import copy
+
+    model = copy.deepcopy(model_and_rows[0])
+    rows = _rows(model, model_and_rows[1], advantage)
+    before = _trained_logprob(model, rows)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    n = sum(r.tokens for r in rows)
+    stats = loss_and_backward(model, rows, pad_id=0, total_tokens=n, micro_batch_tokens=64, loss=loss)
+    opt.step()
+    assert stats["tokens"] == n and stats["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    # at rho = 1: CISPO's loss is -A * mean log pi; GRPO's surrogate is -A * mean rho = -A (same gradient)
+    assert stats["loss"] == pytest.approx(advantage * -before / n if loss == "cispo" else -advantage, rel=1e-4)
+    after = _trained_logprob(model, rows)
+    assert (after - before) * advantage > 0
+
+
+def test_micro_batching_and_token_mean_do_not_change_the_gradient(model_and_rows):
+    model, spec = model_and_rows
+    rows = _rows(model, spec, 0.7, stale=0.3)  # rho = exp(-0.3) on every trained token
+    n = sum(r.tokens for r in rows)
+    grads = []
+    for budget in (10_000, 16):
+        model.zero_grad()
+        stats = loss_and_backward(model, rows, pad_id=0, total_tokens=n, micro_batch_tokens=budget)
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+        assert stats["ratio_mean"] == pytest.approx(float(torch.exp(torch.tensor(-0.3))), rel=1e-4)
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+    model.zero_grad()
