@@ -47,6 +47,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -273,8 +274,15 @@ class Runtime:
             bar.close()
 
     def run(self, records: Sequence[dict], *, trees: int = 1, progress: bool = False) -> list[Rollout]:
-        """Synchronous :meth:`rollouts` (inside a running loop, ``await rollouts(...)``)."""
-        return asyncio.run(self.rollouts(records, trees=trees, progress=progress))
+        """Synchronous :meth:`rollouts`. Called while an event loop runs in this thread
+        (a notebook cell, the trainer inside one), it runs the rollouts on a fresh loop in a
+        worker thread and waits; ``await rollouts(...)`` avoids that thread."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.rollouts(records, trees=trees, progress=progress))
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            return pool.submit(asyncio.run, self.rollouts(records, trees=trees, progress=progress)).result()
 
     # -- agents ------------------------------------------------------------------------
     async def _run_agent(self, env: Any, node: Node, scope: _Scope) -> dict:
