@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from sera_core.policy.tiny import TinyModelConfig, init_model, train_tokenizer
-from sera_core.tiny.sft import IGNORE, SFTConfig, Sample, batch_indices, build_batch, lr_factor, sft_loss, train_sft
+from sera_core.tiny.sft import IGNORE, SFTConfig, Sample, batch_indices, build_batch, lr_factor, samples_sha256, sft_loss, train_sft
 
 TINY = TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                        num_key_value_heads=1, head_dim=16, max_position_embeddings=256)
@@ -128,6 +128,19 @@ def test_build_batch_masks_prompt_and_padding_and_truncates():
     assert b["input_ids"].tolist() == [[10, 11, 12]] and b["labels"].tolist() == [[10, 11, 12]]
 
 
+def test_packed_samples_learn_their_spans_and_truncation_keeps_what_fits():
+    s = Sample((1, 2, 3, 4, 5, 6), (7, 8), learn=((1, 3), (4, 5)))
+    X = IGNORE
+    b = build_batch([s, Sample((9,), (10,))], pad_id=0, max_len=16)
+    assert b["labels"].tolist() == [[X, 2, 3, X, 5, X, 7, 8], [X, 10, X, X, X, X, X, X]]
+    # Cut on the left: the span (1, 3) loses its first token, (4, 5) shifts.
+    b = build_batch([s], pad_id=0, max_len=6)
+    assert b["input_ids"].tolist() == [[3, 4, 5, 6, 7, 8]] and b["labels"].tolist() == [[3, X, 5, X, 7, 8]]
+    assert build_batch([s], pad_id=0, max_len=4)["labels"].tolist() == [[5, X, 7, 8]]  # (1, 3) cut away
+    assert build_batch([s], pad_id=0, max_len=3)["labels"].tolist() == [[X, 7, 8]]  # both spans cut away
+    assert samples_sha256([s]) != samples_sha256([Sample(s.prompt_ids, s.completion_ids)])
+
+
 def test_loss_is_weighted_mean_over_completion_tokens():
     torch.manual_seed(0)
     b = build_batch([Sample((5, 6), (7, 8)), Sample((1,), (2, 3, 4), weight=3.0)], pad_id=0, max_len=16)
@@ -174,3 +187,6 @@ def test_sample_validation():
         Sample((1,), ())
     with pytest.raises(ValueError, match="weight"):
         Sample((1,), (2,), weight=-1.0)
+    for bad in (((1, 1),), ((2, 3), (0, 1)), ((0, 2), (1, 3)), ((0, 3),), ((-1, 1),)):
+        with pytest.raises(ValueError, match="learn"):
+            Sample((1, 2), (3,), learn=bad)

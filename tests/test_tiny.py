@@ -12,7 +12,8 @@ import pytest
 from sera_core.agents.tree import ROLES
 from sera_core.policy.chat import ChatFormat
 from sera_core.policy.tiny import corpus, train_tokenizer
-from sera_core.tiny.demos import DemoConfig, demonstrations, play, rollout_samples, textcraft_tasks
+from sera_core.envs.textcraft.world import WorldConfig, generate_world
+from sera_core.tiny.demos import DemoConfig, copy_drills, demonstrations, play, rollout_samples, textcraft_tasks
 from sera_core.tiny.recipe import ASSETS, SMALL, TinyRecipe, build, read_manifest, weights_sha256
 
 
@@ -50,17 +51,38 @@ def test_demonstrations_come_from_fresh_worlds_and_cover_every_role(tokenizer):
     assert worlds == {1000, 1001}  # never the val world (seed 0)
     samples, stats = demonstrations(tokenizer, cfg)
     assert stats["textcraft"]["tasks"] == 4 and stats["textworld"]["tasks"] == 3
-    assert all(stats[e]["turns"]["rubric"] > 0 and stats[e]["turns"]["score"] > 0 for e in stats)
+    assert all(stats[e]["turns"]["rubric"] > 0 and stats[e]["turns"]["score"] > 0 for e in ("textcraft", "textworld"))
+    assert stats["copy_drills"] == {"samples": 0, "completion_tokens": 0}
     rollouts = play("textcraft", textcraft_tasks(cfg), tokenizer, cfg)
-    for r in rollouts:  # a sample per turn: its exact ids; the role masks cover exactly its completion
+    packed = 0
+    for r in rollouts:  # packed samples learn exactly every turn's completion in its exact context
         turns = [t for n in r.tree.nodes.values() for t in n.turns]
+        detached = [b["score_turn"] for p in r.points for b in p["branches"][1:] if b["score_turn"] is not None]
         got = list(rollout_samples(r))
-        assert [s.completion_ids for s in got[: len(turns)]] == [tuple(t.completion_ids) for t in turns]
-        assert [s.prompt_ids for s in got[: len(turns)]] == [tuple(t.prompt_ids) for t in turns]
+        learnt = [(s.prompt_ids[:a], s.prompt_ids[a:b]) for s in got for a, b in s.learn]
+        learnt += [(s.prompt_ids, s.completion_ids) for s in got]
+        expected = [(tuple(t.prompt_ids), tuple(t.completion_ids)) for t in turns]
+        expected += [(tuple(t["prompt_ids"]), tuple(t["completion_ids"])) for t in detached]
+        assert sorted(learnt) == sorted(expected)
+        assert len(got) < len(expected)  # an agent's act turns share one sequence
+        packed += sum(len(s.learn) for s in got)
         for t in turns:
             assert sum(sum(t.mask(role)) for role in ROLES) == len(t.completion_ids)
+    assert packed > 0
     noisy = [r for r in rollouts if r.points]
     assert noisy and any(b["score"] and not b["score"]["gate"] for r in noisy for p in r.points for b in p["branches"])
+
+
+def test_copy_drills_repeat_names_of_the_training_worlds(tokenizer):
+    cfg = DemoConfig(textcraft_worlds=2, copy_drills=20)
+    drills = copy_drills(tokenizer, cfg)
+    assert len(drills) == 20 and drills == copy_drills(tokenizer, cfg)  # seeded
+    world = set(generate_world(WorldConfig(seed=1000)).depths) | set(generate_world(WorldConfig(seed=1001)).depths)
+    for d in drills:
+        prompt, reply = tokenizer.decode(list(d.prompt_ids)), tokenizer.decode(list(d.completion_ids))
+        assert reply.endswith(tokenizer.eos_token) and reply[: -len(tokenizer.eos_token)] in prompt
+        assert {item.split("x ", 1)[1] for item in reply[: -len(tokenizer.eos_token)].split(", ")} <= world
+    assert copy_drills(tokenizer, DemoConfig(copy_drills=0)) == []
 
 
 def test_small_build_is_deterministic_resumable_and_atomic(tmp_path):
@@ -69,10 +91,14 @@ def test_small_build_is_deterministic_resumable_and_atomic(tmp_path):
     assert first["training"]["final_loss"] < first["training"]["first_loss"]
     assert first["recipe_hash"] == SMALL.config_hash() and first["weights_sha256"] == weights_sha256(tmp_path / "a")
     assert build(SMALL, tmp_path / "b", progress=False)["weights_sha256"] == first["weights_sha256"]
-    assert build(SMALL, tmp_path / "c", progress=False, stop_after=4) is None
+    assert first["warmup"]["steps"] == SMALL.warmup.steps and first["warmup"]["final_loss"] < first["warmup"]["first_loss"]
+    assert build(SMALL, tmp_path / "c", progress=False, stop_after=SMALL.warmup.steps + 4) is None
     assert not (tmp_path / "c").exists() and (tmp_path / "c.work").exists()  # no half-written model
     resumed = build(SMALL, tmp_path / "c", progress=False)
     assert resumed["training"]["resumed_from"] == 4 and resumed["weights_sha256"] == first["weights_sha256"]
+    assert build(SMALL, tmp_path / "d", progress=False, stop_after=2) is None  # interrupted inside the warm-up
+    resumed = build(SMALL, tmp_path / "d", progress=False)
+    assert resumed["warmup"]["resumed_from"] == 2 and resumed["weights_sha256"] == first["weights_sha256"]
     card = (tmp_path / "a" / "MODEL_CARD.md").read_text()
     assert "not* Qwen3-4B" in card and first["recipe_hash"] in card
 

@@ -74,7 +74,7 @@ def _rows(model, spec, advantage: float, stale: float = 0.0):
         with torch.no_grad():
             lp = sequence_logprobs(model, torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long))[0].tolist()
         old = [0.0] + [x + stale for x in lp]  # position t's token was predicted at t - 1
-        out.append(TokenRow(ids, trained, tuple(o if t else 0.0 for o, t in zip(old, trained)),
+        out.append(TokenRow(ids, trained, tuple(o if t else 0.0 for o, t in zip(old, trained, strict=True)),
                             tuple(advantage if t else 0.0 for t in trained)))
     return out
 

@@ -18,6 +18,7 @@ the detached scoring calls of the branches are samples as well.
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,11 +30,13 @@ from sera_core.agents.tree import Turn
 from sera_core.envs.textcraft.expert import ExpertConfig as CraftExpert
 from sera_core.envs.textcraft.tasks import TaskConfig as CraftTasks
 from sera_core.envs.textcraft.tasks import generate_split as craft_split
-from sera_core.envs.textcraft.world import WorldConfig
+from sera_core.envs.textcraft.world import WorldConfig, generate_world
 from sera_core.envs.textworld.expert import ExpertConfig as WorldExpert
 from sera_core.envs.textworld.tasks import generate_split as world_split
 from sera_core.policy.expert import ExpertPolicy
+from sera_core.policy.chat import ChatFormat
 from sera_core.tiny.sft import Sample
+from sera_core.utils.seeding import derive_seed
 
 
 @dataclass(frozen=True)
@@ -52,10 +55,15 @@ class DemoConfig:
     """Every n-th task is played by the noisy expert with counterfactual groups of 4."""
     seed: int = 0
     """Seed of the runtime (and so of the noisy expert's choices)."""
+    copy_drills: int = 0
+    """Synthetic copy drills mixed into the samples (0: none): a user message lists item
+    names and counts of the training worlds, the reply repeats it exactly. Short, so the
+    curriculum serves them first: they teach copying from the context (induction heads)
+    before the transcripts need it."""
 
     def __post_init__(self) -> None:
-        if self.textcraft_worlds < 0 or self.textworld_tasks < 0 or self.noisy_every < 1:
-            raise ValueError("textcraft_worlds, textworld_tasks >= 0 and noisy_every >= 1 are required")
+        if self.textcraft_worlds < 0 or self.textworld_tasks < 0 or self.noisy_every < 1 or self.copy_drills < 0:
+            raise ValueError("textcraft_worlds, textworld_tasks, copy_drills >= 0 and noisy_every >= 1 are required")
         if any(n < 0 for n in self.textcraft_mix.values()):
             raise ValueError("textcraft_mix counts must be >= 0")
 
@@ -84,20 +92,56 @@ def textworld_tasks(cfg: DemoConfig) -> list[dict]:
 
 
 def turn_samples(turns: list[Turn]) -> Iterator[Sample]:
-    """One sample per turn: the exact prompt ids and completion ids."""
+    """The turns' exact prompt and completion ids, packed: an act turn whose context
+    extends the previous act turn's context and completion joins that turn's sample (the
+    earlier completion becomes a :attr:`~sera_core.tiny.sft.Sample.learn` span), so one
+    sequence carries a whole conversation; rubric and scoring calls (their own
+    conversations) are samples of their own. Learnt tokens and their contexts are
+    exactly those of one sample per turn."""
+    run: Sample | None = None
     for turn in turns:
-        if turn.completion_ids:
-            yield Sample(tuple(turn.prompt_ids), tuple(turn.completion_ids))
+        if not turn.completion_ids:
+            continue
+        prompt, completion = tuple(turn.prompt_ids), tuple(turn.completion_ids)
+        if turn.kind != "act":
+            yield Sample(prompt, completion)
+            continue
+        if run is not None and prompt[:len(run.prompt_ids) + len(run.completion_ids)] == run.prompt_ids + run.completion_ids:
+            run = Sample(prompt, completion, learn=run.learn + ((len(run.prompt_ids), len(run.prompt_ids) + len(run.completion_ids)),))
+            continue
+        if run is not None:
+            yield run
+        run = Sample(prompt, completion)
+    if run is not None:
+        yield run
 
 
 def rollout_samples(rollout: Rollout) -> Iterator[Sample]:
-    """Every turn of the tree, and the detached scoring calls of its branch groups."""
+    """Every turn of the tree (packed per agent, :func:`turn_samples`), and the detached
+    scoring calls of its branch groups."""
     for node in rollout.tree.nodes.values():
         yield from turn_samples(node.turns)
     for point in rollout.points:
         for branch in point["branches"][1:]:
             if branch["score_turn"] is not None:
                 yield from turn_samples([Turn.from_json(branch["score_turn"])])
+
+
+def copy_drills(tokenizer: Any, cfg: DemoConfig) -> list[Sample]:
+    """``cfg.copy_drills`` copy drills (see :attr:`DemoConfig.copy_drills`): 1-6 items
+    ``"{n}x {name}"`` with names of the first (up to 20) training worlds, seeded by ``cfg.seed``."""
+    if cfg.copy_drills == 0:
+        return []
+    names = sorted({name for k in range(min(20, max(1, cfg.textcraft_worlds)))
+                    for name in generate_world(WorldConfig(seed=cfg.world_seed + k)).depths})
+    rng = random.Random(derive_seed(cfg.seed, "copy_drills"))
+    chat = ChatFormat(tokenizer)
+    out = []
+    for _ in range(cfg.copy_drills):
+        text = ", ".join(f"{rng.randint(1, 9)}x {rng.choice(names)}" for _ in range(rng.randint(1, 6)))
+        out.append(Sample(chat.prompt([{"role": "user", "content": f"Repeat exactly: {text}"}]),
+                          chat.encode(text) + [chat.eos_id]))
+    return out
 
 
 def play(env: str, tasks: list[dict], tokenizer: Any, cfg: DemoConfig, *, progress: bool = False) -> list[Rollout]:
@@ -132,9 +176,11 @@ def demonstrations(tokenizer: Any, cfg: DemoConfig, *, progress: bool = False) -
         env_samples = [s for r in rollouts for s in rollout_samples(r)]
         stats[env] = {"tasks": len(tasks), "samples": len(env_samples), "turns": kinds,
                       "root_success": sum(r.tree.root_reward or 0 for r in rollouts) / max(1, len(rollouts)),
-                      "completion_tokens": sum(len(s.completion_ids) for s in env_samples)}
+                      "completion_tokens": sum(len(s.completion_ids) + sum(b - a for a, b in s.learn) for s in env_samples)}
         samples += env_samples
-    return samples, stats
+    drills = copy_drills(tokenizer, cfg)
+    stats["copy_drills"] = {"samples": len(drills), "completion_tokens": sum(len(d.completion_ids) for d in drills)}
+    return samples + drills, stats
 
 
 def corpus_texts(tokenizer: Any, cfg: DemoConfig) -> list[str]:

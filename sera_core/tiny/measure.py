@@ -64,17 +64,18 @@ def _figures(rollouts: list, env: str) -> dict[str, Any]:
 
 
 def measure(model: str | os.PathLike, tasks: dict[str, list[dict]], *, groups: int = 0, seed: int = 0,
-            max_batch: int = 64) -> dict[str, Any]:
-    """Figures of ``model`` on ``tasks`` (``{"textcraft": [...], "textworld": [...]}``)."""
+            max_batch: int = 64, progress: bool = False) -> dict[str, Any]:
+    """Figures of ``model`` on ``tasks`` (``{"textcraft": [...], "textworld": [...]}``);
+    ``progress`` shows a progress bar per run."""
     policy = HFPolicy(model)
     out: dict[str, Any] = {}
     for env, env_tasks in tasks.items():
         greedy = RuntimeConfig(temperature=0.0, rubric_temperature=0.0, seed=seed)
-        rollouts = Runtime(env, PolicyActor(policy, max_batch=max_batch), greedy).run(env_tasks)
+        rollouts = Runtime(env, PolicyActor(policy, max_batch=max_batch), greedy).run(env_tasks, progress=progress)
         out[env] = _figures(rollouts, env)
         if groups:
             sampled = RuntimeConfig(temperature=1.0, counterfactual=8, seed=seed)
-            counted = summarize(Runtime(env, PolicyActor(policy, max_batch=max_batch), sampled).run(env_tasks[:groups]))
+            counted = summarize(Runtime(env, PolicyActor(policy, max_batch=max_batch), sampled).run(env_tasks[:groups], progress=progress))
             total, valid = counted["groups"]["total"], counted["groups"]["valid"]
             out[env]["groups"] = total
             out[env]["mixed_groups"] = round(valid / total, 4) if total else None

@@ -29,13 +29,13 @@ import os
 import platform
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from sera_core import __version__
 from sera_core.policy.tiny import TinyModelConfig, corpus, default_tokenizer, init_model, train_tokenizer
-from sera_core.tiny.demos import DemoConfig, corpus_texts, demonstrations
+from sera_core.tiny.demos import DemoConfig, copy_drills, corpus_texts, demonstrations
 from sera_core.tiny.sft import SFTConfig, train_sft
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "tiny"
@@ -57,6 +57,9 @@ Measured results are in `manifest.json` (`results`).
 """
 
 
+WARMUP_STEPS, SFT_STEPS = 3000, 1300
+
+
 @dataclass(frozen=True)
 class TinyRecipe:
     """Everything that determines the built model."""
@@ -64,14 +67,22 @@ class TinyRecipe:
     vocab_size: int = 4096
     """Tokenizer vocabulary (special tokens included)."""
     model: TinyModelConfig = field(default_factory=lambda: TinyModelConfig(
-        hidden_size=96, intermediate_size=256, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=24, max_position_embeddings=8192))
+        hidden_size=128, intermediate_size=320, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=8192))
     """Model size."""
     corpus: DemoConfig = field(default_factory=lambda: DemoConfig(textcraft_worlds=12, textworld_tasks=24, world_seed=900))
     """Demonstrations whose text trains the tokenizer (worlds apart from the training ones)."""
-    demos: DemoConfig = field(default_factory=DemoConfig)
+    demos: DemoConfig = field(default_factory=lambda: DemoConfig(textworld_tasks=75, copy_drills=4000))
     """Demonstrations the model imitates."""
-    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=2000, batch_size=8, lr=3e-3, max_len=2048))
+    warmup: SFTConfig | None = field(default_factory=lambda: SFTConfig(
+        steps=WARMUP_STEPS, batch_size=16, lr=1e-2, warmup_steps=50, max_len=256, curriculum=False, weight_decay=0.0,
+        checkpoint_every=250))
+    """A copy warm-up before imitation (None: none): the same loop on ``warmup_drills``
+    copy drills only (:func:`sera_core.tiny.demos.copy_drills`), at a high learning rate,
+    so that copying from the context (induction) is learned before the transcripts need it."""
+    warmup_drills: int = 20000
+    """Copy drills of the warm-up (drawn with seed ``demos.seed + 1``)."""
+    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=SFT_STEPS, batch_size=8, lr=3e-3, max_len=2048))
     """The imitation loop."""
     seed: int = 0
     """Seed of the model's initial weights."""
@@ -89,7 +100,10 @@ SMALL = TinyRecipe(
     model=TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                           num_key_value_heads=1, head_dim=16, max_position_embeddings=4096),
     corpus=DemoConfig(textcraft_worlds=1, textcraft_mix={"easy": 1}, textworld_tasks=1, world_seed=900),
-    demos=DemoConfig(textcraft_worlds=2, textcraft_mix={"easy": 1}, textworld_tasks=2),
+    demos=DemoConfig(textcraft_worlds=2, textcraft_mix={"easy": 1}, textworld_tasks=2, copy_drills=8),
+    warmup=SFTConfig(steps=4, batch_size=4, lr=1e-2, warmup_steps=1, max_len=128, curriculum=False, log_every=2,
+                     checkpoint_every=2),
+    warmup_drills=16,
     sft=SFTConfig(steps=12, batch_size=4, lr=3e-3, warmup_steps=2, max_len=512, log_every=2, checkpoint_every=4),
 )
 """A recipe small enough for tests and CI (seconds): same code, tiny sizes."""
@@ -103,14 +117,23 @@ def build(recipe: TinyRecipe, out: str | os.PathLike, *, progress: bool = True, 
     """Run ``recipe`` from scratch into ``out`` (see the module docstring); return the manifest.
 
     Training state lives in ``{out}.work`` (kept until the build completes, so a rerun
-    resumes); ``stop_after`` stops the training early (to test resuming) and returns None
-    without writing ``out``."""
+    resumes); ``stop_after`` stops the training after that many optimizer steps, warm-up
+    steps first, then imitation steps (to test resuming), and returns None without writing
+    ``out``."""
     out = Path(out)
     work, tmp = out.with_name(out.name + ".work"), out.with_name(out.name + ".tmp")
     t0 = time.perf_counter()
     tokenizer = train_tokenizer(corpus_texts(default_tokenizer(), recipe.corpus) + corpus(), recipe.vocab_size)
     samples, demo_stats = demonstrations(tokenizer, recipe.demos, progress=progress)
     model = init_model(tokenizer, recipe.model, recipe.seed)
+    warmup = None
+    if recipe.warmup is not None:
+        drills = copy_drills(tokenizer, replace(recipe.demos, copy_drills=recipe.warmup_drills, seed=recipe.demos.seed + 1))
+        warmup = train_sft(model, drills, recipe.warmup, work / "warmup", progress=progress, pad_id=tokenizer.pad_token_id,
+                           stop_after=stop_after)
+        if stop_after is not None and warmup["steps"] < recipe.warmup.steps:
+            return None
+        stop_after = None if stop_after is None else max(1, stop_after - recipe.warmup.steps)
     summary = train_sft(model, samples, recipe.sft, work / "sft", progress=progress, pad_id=tokenizer.pad_token_id,
                         stop_after=stop_after)
     if stop_after is not None and summary["steps"] < recipe.sft.steps:
@@ -122,7 +145,7 @@ def build(recipe: TinyRecipe, out: str | os.PathLike, *, progress: bool = True, 
         "recipe_hash": recipe.config_hash(), "recipe": recipe.to_json(), "sera_version": __version__,
         "libraries": _versions(), "seed": recipe.seed, "parameters": sum(p.numel() for p in model.parameters()),
         "build_seconds": round(time.perf_counter() - t0, 1), "machine": _machine(),
-        "demonstrations": demo_stats, "training": summary, "results": None, "weights_sha256": weights_sha256(tmp),
+        "demonstrations": demo_stats, "warmup": warmup, "training": summary, "results": None, "weights_sha256": weights_sha256(tmp),
     }
     write_manifest(tmp, manifest)
     if out.exists():

@@ -20,6 +20,9 @@ The loss (:func:`sft_loss`)
 
     a weighted token mean over the whole batch (a long completion counts more than a
     short one). A completion's first token is learnt only when some prompt precedes it.
+    A packed sample (:attr:`Sample.learn`) learns its earlier completions too: the same
+    tokens in the same contexts as one sample per turn, for one forward pass instead of
+    one per turn.
 
 Determinism and resume
     Batch composition depends only on ``(seed, step)`` and torch is reseeded from
@@ -73,12 +76,21 @@ class Sample:
     """Tokens to learn (the loss counts these only)."""
     weight: float = 1.0
     """Loss weight of each of this sample's completion tokens (>= 0)."""
+    learn: tuple[tuple[int, int], ...] = ()
+    """Half-open ranges ``[start, end)`` of ``prompt_ids`` that are learnt too: the
+    earlier completions of a packed conversation (one sequence carries every turn of an
+    agent, since each turn's context extends the previous turn's context and completion).
+    Sorted, disjoint, non-empty."""
 
     def __post_init__(self):
         object.__setattr__(self, "prompt_ids", tuple(int(t) for t in self.prompt_ids))
         object.__setattr__(self, "completion_ids", tuple(int(t) for t in self.completion_ids))
+        object.__setattr__(self, "learn", tuple((int(a), int(b)) for a, b in self.learn))
         if not self.completion_ids:
             raise ValueError("Sample.completion_ids must not be empty")
+        bounds = [x for span in self.learn for x in span]
+        if any(a >= b for a, b in self.learn) or bounds != sorted(bounds) or (bounds and (bounds[0] < 0 or bounds[-1] > len(self.prompt_ids))):
+            raise ValueError(f"Sample.learn must hold sorted, disjoint, non-empty ranges inside the prompt, got {self.learn!r}")
         if not (_num(self.weight) and self.weight >= 0):
             raise ValueError(f"Sample.weight must be a finite number >= 0, got {self.weight!r}")
 
@@ -153,26 +165,32 @@ class SFTConfig:
                 raise ValueError(f"SFTConfig.{name} must be {what}, got {getattr(self, name)!r}")
 
 
-def _truncate(sample: Sample, max_len: int) -> tuple[tuple[int, ...], int]:
-    """The sample's tokens cut to ``max_len`` (see :attr:`SFTConfig.max_len`) and how many are prompt."""
-    if len(sample.completion_ids) >= max_len:
-        return sample.completion_ids[:max_len], 0
+def _truncate(sample: Sample, max_len: int) -> tuple[tuple[int, ...], list[tuple[int, int]]]:
+    """The sample's tokens cut to ``max_len`` (see :attr:`SFTConfig.max_len`) and the
+    ranges of them that are learnt (the completion and the ``learn`` spans that survive)."""
+    n_completion = len(sample.completion_ids)
+    if n_completion >= max_len:
+        return sample.completion_ids[:max_len], [(0, max_len)]
     ids = (sample.prompt_ids + sample.completion_ids)[-max_len:]
-    return ids, len(ids) - len(sample.completion_ids)
+    cut = len(sample.prompt_ids) + n_completion - len(ids)
+    spans = [(max(0, a - cut), b - cut) for a, b in sample.learn if b - cut > 0]
+    return ids, spans + [(len(ids) - n_completion, len(ids))]
 
 
 def build_batch(samples: Sequence[Sample], pad_id: int, max_len: int) -> dict[str, torch.Tensor]:
     """Right-padded tensors of ``samples``: ``input_ids``, ``attention_mask`` (0 on
-    padding), ``labels`` (the token ids, ``IGNORE`` on prompt and padding), all
+    padding), ``labels`` (the token ids on learnt positions: the completion and the
+    ``learn`` spans; ``IGNORE`` on the rest of the prompt and on padding), all
     ``(batch, longest)``, and ``weights`` ``(batch,)``."""
     cut = [_truncate(s, max_len) for s in samples]
     input_ids = torch.full((len(cut), max(len(ids) for ids, _ in cut)), pad_id, dtype=torch.long)
     attention_mask = torch.zeros_like(input_ids)
     labels = torch.full_like(input_ids, IGNORE)
-    for row, (ids, n_prompt) in enumerate(cut):
+    for row, (ids, spans) in enumerate(cut):
         input_ids[row, :len(ids)] = torch.tensor(ids)
         attention_mask[row, :len(ids)] = 1
-        labels[row, n_prompt:len(ids)] = input_ids[row, n_prompt:len(ids)]
+        for a, b in spans:
+            labels[row, a:b] = input_ids[row, a:b]
     weights = torch.tensor([s.weight for s in samples], dtype=torch.float32)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, "weights": weights}
 
@@ -205,7 +223,7 @@ def samples_sha256(samples: Sequence[Sample]) -> str:
     """A hash of the samples' tokens and weights, in order."""
     h = hashlib.sha256()
     for s in samples:
-        h.update(json.dumps([s.prompt_ids, s.completion_ids, s.weight]).encode() + b"\n")
+        h.update(json.dumps([s.prompt_ids, s.completion_ids, s.weight] + ([s.learn] if s.learn else [])).encode() + b"\n")
     return h.hexdigest()
 
 
