@@ -204,9 +204,11 @@ class Trainer:
         if stage.name == "execution":
             datums = [d for t in trees for d in execution_datums(t, cfg.child_reward)]
             adv = execution_advantages(datums, trees, filter_zero_variance=cfg.filter_zero_variance)
+            filtered = len(datums) - len(adv)
         elif stage.name == "delegation":
             datums = [d for t in trees for d in leaf_datums(t, cfg.leaf_gate_filter)]
             adv = leaf_advantages(datums, trees, filter_zero_variance=cfg.filter_zero_variance)
+            filtered = len(datums) - len(adv)
         else:
             datums = rubric_datums([p for r in rollouts for p in r.points], cfg.rubric_variant, cfg.spread_weight)
             batch = self._gather_rubric(datums)
@@ -214,8 +216,6 @@ class Trainer:
             every = rubric_advantages(batch, filter_zero_variance=cfg.filter_zero_variance)
             filtered = len(batch) - len(every)
             adv = [a for a in every if a.datum in mine]
-        if stage.name != "rubric_generation":
-            filtered = len(datums) - len(adv)
         if cfg.depth_weighting:
             adv = depth_weighted(adv)
         return adv, filtered
