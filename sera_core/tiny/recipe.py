@@ -37,6 +37,7 @@ from sera_core import __version__
 from sera_core.policy.tiny import TinyModelConfig, corpus, default_tokenizer, init_model, train_tokenizer
 from sera_core.tiny.demos import DemoConfig, copy_drills, corpus_texts, demonstrations
 from sera_core.tiny.sft import SFTConfig, train_sft
+from sera_core.utils.folders import swap_in
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "tiny"
 """Where the shipped model lives inside the package."""
@@ -148,14 +149,7 @@ def build(recipe: TinyRecipe, out: str | os.PathLike, *, progress: bool = True, 
         "demonstrations": demo_stats, "warmup": warmup, "training": summary, "results": None, "weights_sha256": weights_sha256(tmp),
     }
     write_manifest(tmp, manifest)
-    if out.exists():
-        old = out.with_name(out.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, out)
+    swap_in(tmp, out)
     shutil.rmtree(work, ignore_errors=True)
     return manifest
 

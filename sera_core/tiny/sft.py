@@ -59,6 +59,7 @@ from accelerate import Accelerator
 from safetensors.torch import load_model, save_model
 from tqdm.auto import tqdm
 
+from sera_core.utils.folders import swap_in
 from sera_core.utils.seeding import derive_seed
 
 IGNORE = -100
@@ -229,18 +230,14 @@ def samples_sha256(samples: Sequence[Sample]) -> str:
 
 def _save_checkpoint(out: Path, model, optimizer, scheduler, state: dict) -> None:
     """Write ``checkpoint.tmp/`` in full, then swap it in for ``checkpoint/``."""
-    tmp, final, old = out / "checkpoint.tmp", out / "checkpoint", out / "checkpoint.old"
+    tmp = out / "checkpoint.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     save_model(model, str(tmp / "model.safetensors"))  # drops the tied lm_head copy of the embeddings
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     (tmp / "state.json").write_text(json.dumps(state, indent=1))
-    if final.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
+    swap_in(tmp, out / "checkpoint")
 
 
 def _reset_csv(path: Path, step: int | None) -> None:

@@ -39,7 +39,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import os
 import random
 import shutil
 import time
@@ -67,6 +66,7 @@ from sera_core.train.cispo import CISPOConfig
 from sera_core.train.config import CONFIGS, TrainConfig
 from sera_core.train.stages import Stage, StageController
 from sera_core.train.update import loss_and_backward, token_rows
+from sera_core.utils.folders import swap_in
 from sera_core.utils.seeding import derive_seed
 
 METRICS = (
@@ -367,7 +367,7 @@ class Trainer:
         from safetensors.torch import save_model
 
         self.accelerator.wait_for_everyone()
-        final, tmp, old = self.out / "checkpoint", self.out / "checkpoint.tmp", self.out / "checkpoint.old"
+        final, tmp = self.out / "checkpoint", self.out / "checkpoint.tmp"
         if self.accelerator.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
@@ -376,11 +376,7 @@ class Trainer:
             files = {name: _sha256(tmp / name) for name in ("model.safetensors", "optimizer.pt")}
             state = {"version": self.version, "config": self.cfg.to_json(), "counters": self.counters, "files": files}
             (tmp / "state.json").write_text(json.dumps(state, indent=1))
-            if final.exists():
-                shutil.rmtree(old, ignore_errors=True)
-                os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
+            swap_in(tmp, final)
         self.accelerator.wait_for_everyone()
         return final
 

@@ -1,0 +1,19 @@
+"""Folders written whole or not at all."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+
+def swap_in(tmp: Path, final: Path) -> None:
+    """Put the fully written folder ``tmp`` in the place of ``final``: the old ``final``
+    is first renamed to ``final.old`` (removed at the end), so ``final`` is never half
+    written; at worst an interruption leaves the previous version as ``*.old``."""
+    old = final.with_name(final.name + ".old")
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
