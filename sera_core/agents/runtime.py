@@ -35,6 +35,12 @@
   With counterfactuals on, the children of one parent step run one after another
   (``sequential_children``), so a group's fork and commit never overwrite a sibling's
   concurrent work: the sequential order is one valid interleaving of the shared world.
+* **Test-time selection** (``select = N``, SPEC 6/8, Table 4): at a delegation, while
+  fewer than ``select_fork_cap`` worlds were forked for the task, N candidate children
+  run on cloned worlds (sampled at ``select_temperature``; their own delegations select
+  too, so selection is bottom-up), each is scored with the frozen rubric once its
+  subtree has finished, and the best valid score wins (first on ties; candidate 0 when
+  none is valid): its world is committed and its subtree grafted into the tree.
 * **Batching.** Many trees run concurrently in one event loop; a
   :class:`~sera_core.agents.actors.PolicyActor` batches every waiting call.
 * **Seeds.** Every agent's seed is ``derive_seed(seed, tree_id, node_id)`` (branch trees
@@ -47,7 +53,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -56,7 +61,7 @@ from tqdm.auto import tqdm
 from sera_core.agents.actors import Actor, Call
 from sera_core.agents.adapters import adapter_for
 from sera_core.agents.prompts import agent_messages, rubric_messages, score_messages, tools_text
-from sera_core.agents.tree import Node, Tree, build_turn, launch_spans, subtree
+from sera_core.agents.tree import Node, Tree, build_turn, graft, launch_spans, subtree
 from sera_core.judges import LLMJudge
 from sera_core.policy.base import SamplingParams
 from sera_core.rubrics import (
@@ -74,6 +79,7 @@ from sera_core.rubrics import (
     ranking_loss,
     resolve_child_reward,
 )
+from sera_core.utils.aio import run_sync
 from sera_core.utils.seeding import derive_seed
 
 RUBRIC_WRITERS = ("policy", "global", "external")
@@ -117,6 +123,17 @@ class RuntimeConfig:
     malformed_policy: str = "drop_trajectory"
     """What a malformed rubric or score does to the child's reward: ``drop_trajectory``,
     ``drop_rollout`` or ``binary_fallback``."""
+    select: int = 1
+    """N: test-time selection (SPEC 6, Table 4). At each delegation, N candidate children
+    run on fully cloned worlds, each subtree finished (its own delegations selected the
+    same way: bottom-up) before the frozen rubric scores it; the best valid score is kept
+    (first on ties; candidate 0 when none is valid) and its world is committed. 1: off."""
+    select_temperature: float = 1.0
+    """Sampling temperature of the candidates' agents (our decision: the paper samples N
+    candidate resolutions; at temperature 0 they would all be the same)."""
+    select_fork_cap: int = 32
+    """Most forked worlds per root task for selection (N per selecting delegation); past
+    it a delegation runs an ordinary child (SPEC 8: 32)."""
     label_children: bool = True
     """Label every ordinary child with the judge too (RAO's rewards, the tree view);
     branches of counterfactual groups are always labelled."""
@@ -130,18 +147,24 @@ class RuntimeConfig:
             raise ValueError("max_depth >= 0 and max_steps, root_max_steps >= 1 are required")
         if self.counterfactual < 0 or self.counterfactual == 1 or self.fork_cap < 0:
             raise ValueError("counterfactual is 0 (off) or a group size >= 2; fork_cap >= 0")
+        if self.select < 1 or self.select_fork_cap < 0:
+            raise ValueError("select (candidates per delegation) must be >= 1 and select_fork_cap >= 0")
+        if self.select > 1 and self.counterfactual:
+            raise ValueError("test-time selection (select > 1) and counterfactual groups (training) do not mix")
         if self.rubric_writer not in RUBRIC_WRITERS:
             raise ValueError(f"rubric_writer must be one of {RUBRIC_WRITERS}, got {self.rubric_writer!r}")
         if self.scorer not in SCORERS:
             raise ValueError(f"scorer must be one of {SCORERS}, got {self.scorer!r}")
         MalformedPolicy(self.malformed_policy)
-        for name in ("temperature", "rubric_temperature", "score_temperature"):
+        for name in ("temperature", "rubric_temperature", "score_temperature", "select_temperature"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
 
     @property
     def sequential(self) -> bool:
-        return self.counterfactual > 0 if self.sequential_children is None else self.sequential_children
+        if self.sequential_children is not None:
+            return self.sequential_children
+        return self.counterfactual > 0 or self.select > 1
 
 
 @dataclass
@@ -171,6 +194,8 @@ class _Scope:
     tree: Tree
     shared: _Shared
     in_branch: bool = False
+    temperature: float | None = None
+    """The agents' sampling temperature here (None: ``RuntimeConfig.temperature``)."""
 
 
 @dataclass
@@ -193,6 +218,13 @@ def render_trajectory(node: Node, upto: int | None = None) -> str:
         if turn.kind == "act":
             parts.append(f"Step {i}:\n{turn.text.strip()}\nObservation:\n{(turn.observation or '').strip()}")
     return "\n\n".join(parts) or "(no steps yet)"
+
+
+def pick_candidate(scores: Sequence[float | None]) -> int:
+    """Test-time selection's choice: the index of the highest valid score (None: invalid),
+    the first one on ties, 0 when no score is valid (SPEC 8)."""
+    valid = [(s, -i) for i, s in enumerate(scores) if s is not None]
+    return -max(valid)[1] if valid else 0
 
 
 def score_json(score: Score) -> dict:
@@ -277,12 +309,7 @@ class Runtime:
         """Synchronous :meth:`rollouts`. Called while an event loop runs in this thread
         (a notebook cell, the trainer inside one), it runs the rollouts on a fresh loop in a
         worker thread and waits; ``await rollouts(...)`` avoids that thread."""
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return asyncio.run(self.rollouts(records, trees=trees, progress=progress))
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            return pool.submit(asyncio.run, self.rollouts(records, trees=trees, progress=progress)).result()
+        return run_sync(lambda: self.rollouts(records, trees=trees, progress=progress))
 
     # -- agents ------------------------------------------------------------------------
     async def _run_agent(self, env: Any, node: Node, scope: _Scope) -> dict:
@@ -305,7 +332,8 @@ class Runtime:
                     if budget <= 0:
                         env.stop("context")
                         break
-                params = SamplingParams(temperature=cfg.temperature, max_new_tokens=budget, stop=a.stop,
+                temperature = cfg.temperature if scope.temperature is None else scope.temperature
+                params = SamplingParams(temperature=temperature, max_new_tokens=budget, stop=a.stop,
                                         seed=derive_seed(agent.seed, "act", len(node.turns)))
                 info = {"env": a.name, "can_delegate": env.can_delegate, "seed": agent.seed, **a.expert_info(env)}
                 gen = await self.actor.complete(Call("act", prompt, params, key, observation, info))
@@ -350,9 +378,14 @@ class Runtime:
         if group and scope.shared.forks + cfg.counterfactual <= cfg.fork_cap:
             scope.shared.forks += cfg.counterfactual
             child = await self._branch_group(parent, node, spec, goal, rubric)
+        elif cfg.select > 1 and scope.shared.forks + cfg.select <= cfg.select_fork_cap:
+            scope.shared.forks += cfg.select
+            child = await self._select(parent, node, spec, goal, rubric)
         else:
             if group:
                 node.meta["counterfactual"] = "fork cap reached: ordinary child"
+            elif cfg.select > 1:
+                node.meta["selection"] = {"candidates": 1, "note": "fork cap reached: ordinary child"}
             env = a.spawn(parent.env, spec)
             child = await self._run_agent(env, node, scope)
             if cfg.label_children or cfg.malformed_policy == MalformedPolicy.BINARY_FALLBACK.value:
@@ -459,6 +492,39 @@ class Runtime:
         else:
             verdict = self.judge.judge(env)
         return verdict.success, verdict.reason
+
+    # -- test-time selection ------------------------------------------------------------
+    async def _select(self, parent: _Agent, node: Node, spec: Any, goal: str, rubric: Rubric | None) -> dict:
+        """N candidates of one sub-goal on cloned worlds, scored bottom-up; the best is kept.
+
+        Every candidate runs in a tree of its own (sampled at ``select_temperature``; its
+        delegations select too), then the frozen rubric scores each finished candidate.
+        :func:`pick_candidate` chooses; the chosen world is committed to the parent and its
+        subtree is grafted at ``node`` (:func:`~sera_core.agents.tree.graft`); the others
+        are dropped, their scores kept in ``node.meta["selection"]``."""
+        a, n, scope = self.adapter, self.cfg.select, parent.scope
+        envs = [a.fork_child(parent.env, spec) for _ in range(n)]
+        trees = [Tree.new(f"{scope.tree.tree_id}/{node.node_id}/c{b}", a.name, scope.tree.task_id, goal, candidate=b)
+                 for b in range(n)]
+        scopes = [_Scope(t, scope.shared, temperature=self.cfg.select_temperature) for t in trees]
+        children = await asyncio.gather(*(self._run_agent(envs[b], trees[b].root, scopes[b]) for b in range(n)))
+        scored = await asyncio.gather(*(self._score(trees[b].root, rubric, children[b], key=f"{trees[b].tree_id}/0")
+                                        for b in range(n)))
+        values = [s.final_score if isinstance(s, Score) else None for s, _ in scored]
+        best = pick_candidate(values)
+        a.commit(parent.env, envs[best])
+        parent.env.children.append(envs[best])
+        graft(scope.tree, node.node_id, trees[best])
+        if self.cfg.label_children or self.cfg.malformed_policy == MalformedPolicy.BINARY_FALLBACK.value:
+            node.label, node.result["label_reason"] = await self._label(envs[best])
+        score, turn = scored[best]
+        if turn is not None:
+            turn.meta["child"] = node.node_id
+            parent.node.turns.append(turn)
+        self._record_score(node, score, scope.tree)
+        node.meta["selection"] = {"candidates": n, "scores": values, "chosen": best,
+                                  "finished": [c["finished"] for c in children]}
+        return children[best]
 
     # -- counterfactual groups -----------------------------------------------------------
     async def _branch_group(self, parent: _Agent, node: Node, spec: Any, goal: str, rubric: Rubric | None):

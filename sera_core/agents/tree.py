@@ -616,6 +616,35 @@ def subtree(tree: Tree, node_id: str, tree_id: str) -> Tree:
     return out
 
 
+def graft(tree: Tree, node_id: str, source: Tree) -> None:
+    """Put ``source``'s root agent (its turns, outcome and subtree) at ``node_id`` of
+    ``tree``: the inverse of :func:`subtree`. ``node_id`` must not have run yet (no turns,
+    no children); it keeps its place (parent, launch step, event), rubric and meta. Ids
+    get ``node_id``'s prefix (``"0.1"`` of ``source`` becomes ``node_id + ".1"``), depths
+    grow by its depth, and rubric/score turns' ``meta["child"]`` are renamed alike. The
+    nodes of ``source`` are moved, not copied: ``source`` must not be used afterwards."""
+    top = tree.nodes[node_id]
+    if top.turns or top.children:
+        raise ValueError(f"Tree {tree.tree_id}: node {node_id!r} already ran; only a fresh node can be grafted onto")
+    cut = len(source.root_id)
+
+    def rename(old: str) -> str:
+        return node_id + old[cut:]
+
+    for node in list(source.walk()):
+        for turn in node.turns:
+            if "child" in turn.meta:
+                turn.meta["child"] = rename(turn.meta["child"])
+        node.children = [rename(c) for c in node.children]
+        if node is source.root:
+            top.turns, top.children, top.finished = node.turns, node.children, node.finished
+            top.result.update(node.result)
+            continue
+        node.node_id, node.parent_id, node.depth = rename(node.node_id), rename(node.parent_id), node.depth + top.depth
+        node.event_id = rename(node.event_id)
+        tree.nodes[node.node_id] = node
+
+
 def write_trees(path: str | os.PathLike, trees: Iterable[Tree]) -> int:
     """Write trees as JSON lines (one tree per line, atomically); return how many."""
     return write_jsonl(path, (tree.to_json() for tree in trees))
