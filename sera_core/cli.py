@@ -10,8 +10,14 @@ Subcommands (later issues add more):
   TextWorld ``by_family``). ``--out`` appends result rows as tasks finish, and a rerun
   resumes from them.
 * ``sera world --env textcraft --out FILE``: export the recipe book as JSON.
+* ``sera export --run RUN --out DIR``: a training checkpoint's model as a Hugging Face folder.
 * ``sera rollout ...``: play tasks through the recursive runtime (see ``--help``).
 * ``sera tiny build|measure``: build or measure the embedded tiny model.
+* ``sera eval --env E --tasks FILE --policy P [--seeds 3] [--select N] [--resume]
+  [--shard i/n] [--merge] --out DIR``: evaluate under the paper's contract
+  (:mod:`sera_core.eval.evaluator`); prints the summary (and tasks per minute).
+* ``sera tables [--runs DIR] [--out figures]``: the paper's tables (CSV, Markdown) and
+  plots from the published numbers, your evaluations beside them (:mod:`sera_core.report`).
 * ``sera train --config FILE [--dry-run] [--resume] [--max-steps N] [--out DIR]``: train
   a method (``sera_core/configs/<env>/<method>_<scale>.yaml``); ``--dry-run`` validates
   the config and prints the plan without loading a model.
@@ -183,9 +189,15 @@ def _actor(args: argparse.Namespace):
                             textworld=WorldConfig(mode="delegate", early_finish=args.noise / 2, mistake=args.noise))
     if args.policy.startswith("hf:"):
         path = Path(args.policy[3:])
-        if not (path / "config.json").is_file():
-            raise CommandError(f"--policy {args.policy}: {path} is not a Hugging Face model folder (no config.json)")
         from sera_core.agents.actors import PolicyActor
+
+        if (path / "state.json").is_file() or (path / "checkpoint" / "state.json").is_file():
+            from sera_core.train.trainer import checkpoint_policy
+
+            return PolicyActor(checkpoint_policy(path), max_batch=args.max_batch)
+        if not (path / "config.json").is_file():
+            raise CommandError(f"--policy {args.policy}: {path} is neither a Hugging Face model folder (config.json) "
+                               "nor a training checkpoint (state.json)")
         from sera_core.policy.hf import HFPolicy
 
         return PolicyActor(HFPolicy(path), max_batch=args.max_batch)
@@ -235,6 +247,41 @@ def cmd_rollout(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
+def cmd_eval(args: argparse.Namespace) -> dict[str, Any]:
+    from sera_core.eval.evaluator import EvalConfig, evaluate, merge
+
+    if args.merge:
+        return merge(args.out)
+    if args.tasks is None:
+        raise CommandError("--tasks FILE is required (write one with `sera tasks`)")
+    try:
+        i, n = (int(x) for x in args.shard.split("/"))
+    except ValueError:
+        raise CommandError(f"--shard must be i/n (e.g. 0/4), got {args.shard!r}") from None
+    cfg = EvalConfig(args.env, seeds=args.seeds, select=args.select, select_temperature=args.select_temperature,
+                     scorer=args.scorer, concurrency=args.concurrency, label=args.label or args.policy,
+                     method=args.method, policy=args.policy)
+    if args.env == "textcraft":
+        from sera_core.envs.textcraft.tasks import validate_record
+    else:
+        from sera_core.envs.textworld.tasks import validate_record
+    records, _ = _read_tasks(args, validate_record)
+    t0 = time.perf_counter()
+    summary = evaluate(records, _actor(args), args.out, cfg, shard=(i, n), resume=args.resume,
+                       external=_external(args), official=args.format == "official")
+    minutes = (time.perf_counter() - t0) / 60
+    return {**summary, "tasks_per_minute": round(len(records[i::n]) * args.seeds / minutes, 2) if minutes else None}
+
+
+def cmd_tables(args: argparse.Namespace) -> dict[str, Any]:
+    from sera_core.report.build import build_report
+
+    result = build_report(args.out, args.runs)
+    if args.runs is not None and not result["runs"]:
+        print(f"note: no evaluation summary (summary.json, format sera.eval/1) under {args.runs}", file=sys.stderr)
+    return {"out": str(args.out), "files": len(result["files"]), "runs": result["runs"]}
+
+
 def cmd_tiny(args: argparse.Namespace) -> dict[str, Any]:
     from sera_core.tiny.recipe import ASSETS, SMALL, TinyRecipe, build, read_manifest, write_manifest
 
@@ -281,6 +328,12 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
     last = rows[-1] if rows else {}
     return {"action": "train", "method": cfg.method, "out": cfg.out, "version": trainer.version,
             "updates": len(rows), "root_success": last.get("root_success"), "stage": last.get("stage")}
+
+
+def cmd_export(args: argparse.Namespace) -> dict[str, Any]:
+    from sera_core.train.trainer import export_checkpoint
+
+    return {"out": str(export_checkpoint(args.run, args.out))}
 
 
 def cmd_world(args: argparse.Namespace) -> dict[str, Any]:
@@ -349,6 +402,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="output folder (trees.jsonl, delegation_points.jsonl, summary.json)")
     p.set_defaults(func=cmd_rollout)
 
+    p = sub.add_parser("eval", help="evaluate a policy under the paper's contract (resumable, shardable)")
+    p.add_argument("--env", choices=list(SPLITS), default="textcraft", help="benchmark")
+    p.add_argument("--tasks", type=Path, help="JSONL task file (e.g. `sera tasks --split val`)")
+    p.add_argument("--format", choices=["native", "official"], default="native", help="official task records")
+    p.add_argument("--policy", default="expert",
+                   help="expert, hf:PATH (a Hugging Face model folder or a `sera train` run/checkpoint) or vllm:PATH")
+    p.add_argument("--seeds", type=int, default=1, help="runs over the tasks (seeds 0..N-1); mean and std over them")
+    p.add_argument("--select", type=int, default=1, metavar="N", help="test-time selection: candidates per delegation")
+    p.add_argument("--select-temperature", type=float, default=1.0, help="sampling temperature of selection candidates")
+    p.add_argument("--scorer", choices=["policy", "external"], default="policy", help="who scores selection candidates")
+    p.add_argument("--external-url", help="OpenAI-compatible endpoint of the external judge (key: $SERA_EXTERNAL_API_KEY)")
+    p.add_argument("--external-model", default="external", help="model name sent to the external endpoint")
+    p.add_argument("--resume", action="store_true", help="skip finished tasks, rerun errored ones")
+    p.add_argument("--shard", default="0/1", help="i/n: play the tasks whose index is i mod n")
+    p.add_argument("--merge", action="store_true", help="combine the shards of --out into seed*.jsonl and summary.json")
+    p.add_argument("--concurrency", type=int, default=16, help="tasks played at once")
+    p.add_argument("--label", help="row name in reports: model and scale (default: the policy)")
+    p.add_argument("--method", help="the method row this stands for (sera, rao, ...)")
+    p.add_argument("--limit", type=int, help="only the first N tasks")
+    p.add_argument("--noise", type=float, default=0.0, help="expert: chance of a mistake")
+    p.add_argument("--tokenizer", type=Path, help="expert: tokenizer folder")
+    p.add_argument("--max-batch", type=int, default=64, help="hf: most sequences per generation batch")
+    p.add_argument("--out", type=Path, required=True, help="output folder (plan.json, per-seed rows, summary.json)")
+    p.set_defaults(func=cmd_eval, rubric_writer="policy")
+
+    p = sub.add_parser("tables", help="rebuild the paper's tables and figures (with your runs beside them)")
+    p.add_argument("--runs", type=Path, help="a folder searched for your evaluation summaries (summary.json)")
+    p.add_argument("--out", type=Path, default=Path("figures"), help="output folder")
+    p.set_defaults(func=cmd_tables)
+
     p = sub.add_parser("tiny", help="build or measure the embedded tiny model")
     p.add_argument("action", choices=["build", "measure"])
     p.add_argument("--small", action="store_true", help="build: the small test recipe (seconds)")
@@ -367,6 +450,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, help="override the config's number of updates")
     p.add_argument("--out", type=Path, help="override the config's run folder")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("export", help="write a training checkpoint's model as a Hugging Face folder")
+    p.add_argument("--run", type=Path, required=True, help="a `sera train` run folder or its checkpoint/")
+    p.add_argument("--out", type=Path, required=True, help="the Hugging Face folder to write")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("world", help="export the TextCraft recipe world as JSON")
     world_args(p, ("textcraft",))

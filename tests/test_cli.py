@@ -176,4 +176,4 @@ def test_rollout_writes_trees_points_and_summary(tmp_path, capsys):
     assert main(["rollout", "--env", "textworld", "--tasks", str(tasks), "--policy", "gpt", "--out", str(out)]) == 2
     assert "--policy must be" in capsys.readouterr().out
     assert main(["rollout", "--env", "textworld", "--tasks", str(tasks), "--policy", f"hf:{tmp_path}", "--out", str(out)]) == 2
-    assert "not a Hugging Face model folder" in capsys.readouterr().out
+    assert "neither a Hugging Face model folder" in capsys.readouterr().out

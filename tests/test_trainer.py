@@ -119,3 +119,27 @@ def test_golden_tiny_run_matches_the_committed_reference(reference):
                 assert float(g[key]) == pytest.approx(float(value), rel=1e-3, abs=1e-5), (g["version"], key)
             else:
                 assert g[key] == value, (g["version"], key)
+
+
+def test_a_trained_checkpoint_evaluates_and_exports(reference, tmp_path):
+    """``checkpoint_policy`` (``--policy hf:RUN``) and ``sera export`` give the checkpoint's
+    own weights: the same logits as the trainer's model, through a Hugging Face folder too."""
+    import torch
+    from safetensors.torch import load_file
+
+    from sera_core.policy.hf import HFPolicy
+    from sera_core.train.trainer import checkpoint_policy, export_checkpoint
+
+    tmp, cfg = reference
+    saved = load_file(str(tmp / "run" / "checkpoint" / "model.safetensors"))
+    policy = checkpoint_policy(tmp / "run")  # the run folder or its checkpoint/
+    state = policy.model.state_dict()
+    assert all(torch.equal(state[name], tensor) for name, tensor in saved.items())
+    exported = HFPolicy(export_checkpoint(tmp / "run" / "checkpoint", tmp_path / "hf"))
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        assert torch.equal(exported.model(input_ids=ids).logits, policy.model(input_ids=ids).logits)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "state.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="partial or corrupt"):
+        checkpoint_policy(tmp_path / "broken")

@@ -39,6 +39,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import os
 import random
 import shutil
 import time
@@ -103,13 +104,64 @@ class TimedPolicy:
         return getattr(self.policy, name)
 
 
-def model_path(cfg: TrainConfig) -> Path:
-    """The folder of the starting model (``tiny``: the shipped embedded model)."""
-    if cfg.model == "tiny":
+def model_path(cfg: TrainConfig | str) -> Path:
+    """The folder of the starting model of ``cfg`` (or of a ``model`` setting; ``tiny``:
+    the shipped embedded model)."""
+    model = cfg if isinstance(cfg, str) else cfg.model
+    if model == "tiny":
         from sera_core.tiny.recipe import ASSETS
 
         return ASSETS
-    return Path(cfg.model)
+    return Path(model)
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """The ``state.json`` of a checkpoint written by :meth:`Trainer.save`, after checking
+    that every file is there and matches its sha256 (else :class:`CheckpointError`)."""
+    path = Path(path)
+    try:
+        state = json.loads((path / "state.json").read_text())
+        files = state["files"]
+        state["version"] = int(state["version"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{path}: no readable state.json ({exc}); the checkpoint is partial or corrupt") from None
+    for name, digest in files.items():
+        if not (path / name).is_file():
+            raise CheckpointError(f"{path}: {name} is missing; the checkpoint is partial")
+        if _sha256(path / name) != digest:
+            raise CheckpointError(f"{path}: {name} does not match its sha256; the checkpoint is corrupt")
+    return state
+
+
+def checkpoint_policy(path: str | os.PathLike):
+    """An :class:`~sera_core.policy.hf.HFPolicy` of a trained checkpoint (``RUN/checkpoint``
+    or the run folder ``RUN``): the run's starting model (architecture, tokenizer) with the
+    checkpoint's weights, after :func:`read_checkpoint`'s checks."""
+    from safetensors.torch import load_model
+
+    from sera_core.policy.hf import HFPolicy
+
+    path = Path(path)
+    if not (path / "state.json").exists() and (path / "checkpoint" / "state.json").exists():
+        path = path / "checkpoint"
+    state = read_checkpoint(path)
+    policy = HFPolicy(model_path(state["config"]["model"]))
+    load_model(policy.model, str(path / "model.safetensors"), device=str(policy.device))
+    return policy
+
+
+def export_checkpoint(path: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """Write the model of a trained checkpoint (see :func:`checkpoint_policy`) as a Hugging
+    Face folder ``out`` (weights, config, tokenizer), atomically: what ``vllm:`` and
+    ``hf:`` policies and other tools load."""
+    policy = checkpoint_policy(path)
+    out = Path(out)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    policy.model.save_pretrained(tmp)
+    policy.tokenizer.save_pretrained(tmp)
+    swap_in(tmp, out)
+    return out
 
 
 def load_tasks(cfg: TrainConfig) -> list[dict]:
@@ -384,24 +436,14 @@ class Trainer:
         """Restore a checkpoint written by :meth:`save`, after checking it is whole and ours."""
         from safetensors.torch import load_model
 
-        try:
-            state = json.loads((path / "state.json").read_text())
-            files = state["files"]
-            version = int(state["version"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"{path}: no readable state.json ({exc}); the checkpoint is partial or corrupt") from None
-        for name, digest in files.items():
-            if not (path / name).is_file():
-                raise CheckpointError(f"{path}: {name} is missing; the checkpoint is partial")
-            if _sha256(path / name) != digest:
-                raise CheckpointError(f"{path}: {name} does not match its sha256; the checkpoint is corrupt")
+        state = read_checkpoint(path)
         mine, theirs = self.cfg.to_json(), state["config"]
         changed = sorted(k for k in mine if k not in ("max_steps", "checkpoint_every") and mine[k] != theirs.get(k))
         if changed:
             raise CheckpointError(f"{path}: written with another config (differs in {', '.join(changed)})")
         load_model(self.accelerator.unwrap_model(self.model), str(path / "model.safetensors"))
         self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
-        self.version, self.counters = version, dict(state["counters"])
+        self.version, self.counters = state["version"], dict(state["counters"])
 
 
 def plan(cfg: TrainConfig) -> dict[str, Any]:

@@ -1,0 +1,200 @@
+"""Success rates, benchmark averages and their spread over seeds (SPEC 5, 7).
+
+All rates are success percentages in [0, 100], like the paper's tables. A per-task
+result row is ``{"task_id", "difficulty", "family"?, "success": bool, "error": str | None}``;
+a row with an error is a failure whatever its ``success`` says (SPEC 5: evaluation
+errors count as failures).
+
+The benchmark average differs by benchmark (SPEC 5):
+
+* TextCraft-Synth weights each difficulty by its task count in the 632-task pool
+  (147 / 213 / 136 / 136)::
+
+      avg = sum_d r_d n_d / sum_d n_d
+
+* TextWorld-Sync has 350 test tasks per difficulty, so its task-weighted average is the
+  macro average ``avg = mean_d r_d``.
+
+A run over a subset of the tasks keeps these weights (the pool's counts, not the
+subset's), so its average estimates the same quantity as the paper's; difficulties
+absent from a run are left out of both sums.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+DIFFICULTIES = ("easy", "medium", "hard", "extreme")
+"""The four difficulty levels, easiest first."""
+TEXTCRAFT_COUNTS = {"easy": 147, "medium": 213, "hard": 136, "extreme": 136}
+"""TextCraft-Synth evaluation pool: tasks per difficulty (632 in all)."""
+TEXTWORLD_COUNTS = {d: 350 for d in DIFFICULTIES}
+"""TextWorld-Sync test split: tasks per difficulty (1,400 in all)."""
+COUNTS = {"textcraft": TEXTCRAFT_COUNTS, "textworld": TEXTWORLD_COUNTS}
+"""The evaluation task counts of each benchmark."""
+SUMMARY_FORMAT = "sera.eval/1"
+"""The ``format`` tag of an evaluation ``summary.json`` (:func:`summarize_runs`)."""
+STD_DDOF = 0
+"""Delta degrees of freedom of the spread over seeds: 0, the population std (the paper
+says "mean +- std over 3 runs" without naming the estimator)."""
+
+
+def weighted_average(rates: Mapping[str, float], counts: Mapping[str, int]) -> float:
+    """``sum_d r_d n_d / sum_d n_d`` over the difficulties ``d`` in ``rates``.
+
+    Raises ``ValueError`` when ``rates`` is empty, names a difficulty ``counts`` lacks, or
+    the weights sum to zero.
+    """
+    if not rates:
+        raise ValueError("no rates to average")
+    missing = sorted(set(rates) - set(counts))
+    if missing:
+        raise ValueError(f"no task count for {missing}")
+    total = sum(counts[d] for d in rates)
+    if total <= 0:
+        raise ValueError("the task counts sum to zero")
+    return sum(rates[d] * counts[d] for d in rates) / total
+
+
+def macro_average(rates: Mapping[str, float]) -> float:
+    """``mean_d r_d``: every difficulty in ``rates`` weighs the same."""
+    if not rates:
+        raise ValueError("no rates to average")
+    return sum(rates.values()) / len(rates)
+
+
+def benchmark_average(env: str, rates: Mapping[str, float], counts: Mapping[str, int] | None = None) -> float:
+    """The paper's average for ``env``: :func:`weighted_average` with ``counts`` (default
+    the pool's :data:`TEXTCRAFT_COUNTS`) for ``textcraft``, :func:`macro_average` for
+    ``textworld`` (equal counts make the two the same)."""
+    unknown = sorted(set(rates) - set(DIFFICULTIES))
+    if unknown:
+        raise ValueError(f"unknown difficulties {unknown}; expected some of {DIFFICULTIES}")
+    if env == "textcraft":
+        return weighted_average(rates, TEXTCRAFT_COUNTS if counts is None else counts)
+    if env == "textworld":
+        return macro_average(rates)
+    raise ValueError(f"env must be one of {tuple(COUNTS)}, got {env!r}")
+
+
+def succeeded(row: Mapping[str, Any]) -> bool:
+    """A row's verdict: ``success`` is true and there was no ``error``."""
+    return bool(row.get("success")) and not row.get("error")
+
+
+def success_rates(rows: Iterable[Mapping[str, Any]], key: str = "difficulty") -> dict[str, float]:
+    """``100 * successes / tasks`` per value of ``row[key]`` (difficulties in
+    :data:`DIFFICULTIES` order, anything else sorted). Errored rows count as failures.
+
+    Raises ``ValueError`` on a row without ``key`` or a ``task_id`` seen twice.
+    """
+    tasks: dict[str, int] = {}
+    wins: dict[str, int] = {}
+    seen: set[Any] = set()
+    for row in rows:
+        if row.get(key) is None:
+            raise ValueError(f"row {row.get('task_id')!r} has no {key!r}")
+        task_id = row.get("task_id")
+        if task_id in seen:
+            raise ValueError(f"task {task_id!r} appears twice")
+        seen.add(task_id)
+        group = str(row[key])
+        tasks[group] = tasks.get(group, 0) + 1
+        wins[group] = wins.get(group, 0) + succeeded(row)
+    return {g: 100.0 * wins[g] / tasks[g] for g in _ordered(tasks)}
+
+
+def over_seeds(values: Iterable[float]) -> dict[str, float | int]:
+    """``{"mean", "std", "n"}`` of one number over seeds: ``mean = sum_s v_s / n`` and the
+    population std ``sqrt(sum_s (v_s - mean)^2 / n)`` (ddof 0, :data:`STD_DDOF`; 0 for one
+    seed)."""
+    values = [float(v) for v in values]
+    if not values:
+        raise ValueError("no values to summarise")
+    n = len(values)
+    mean = sum(values) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - STD_DDOF))
+    return {"mean": mean, "std": std, "n": n}
+
+
+def summarize_runs(per_seed_rows: Mapping[int, list[dict[str, Any]]], env: str, *,
+                   label: str | None = None, method: str | None = None) -> dict[str, Any]:
+    """The ``summary.json`` of an evaluation (format :data:`SUMMARY_FORMAT`).
+
+    ``per_seed_rows`` maps each seed to its per-task rows; every seed must cover the same
+    tasks. Returns::
+
+        format, env, label, method     what was evaluated (label: model and scale, free text)
+        seeds                          the seeds, ascending
+        per_seed   {seed: {average, by_difficulty, by_family, tasks, successes, errors}}
+        average        {mean, std, n}  the benchmark average over seeds (n: seeds)
+        by_difficulty  {d: {mean, std, n}}
+        by_family      {f: {mean, std, n}}   (TextWorld rows carry a family; else {})
+        tasks          {d: count}      tasks per difficulty in each seed
+        errors         errored rows over all seeds
+        std_ddof       0 (population std over seeds)
+
+    Rates are percentages; averages follow :func:`benchmark_average`.
+    """
+    if env not in COUNTS:
+        raise ValueError(f"env must be one of {tuple(COUNTS)}, got {env!r}")
+    if not per_seed_rows:
+        raise ValueError("no seeds to summarise")
+    seeds = sorted(per_seed_rows)
+    first = {row.get("task_id") for row in per_seed_rows[seeds[0]]}
+    per_seed: dict[str, dict[str, Any]] = {}
+    for seed in seeds:
+        rows = per_seed_rows[seed]
+        if not rows:
+            raise ValueError(f"seed {seed} has no rows")
+        ids = {row.get("task_id") for row in rows}
+        if ids != first:
+            raise ValueError(f"seed {seed} covers {len(ids)} tasks that differ from seed {seeds[0]}'s "
+                             f"{len(first)}: every seed must evaluate the same tasks")
+        by_difficulty = success_rates(rows, "difficulty")
+        with_family = [row for row in rows if row.get("family") is not None]
+        per_seed[str(seed)] = {
+            "average": benchmark_average(env, by_difficulty),
+            "by_difficulty": by_difficulty,
+            "by_family": success_rates(with_family, "family") if with_family else {},
+            "tasks": _counts(rows),
+            "successes": sum(succeeded(row) for row in rows),
+            "errors": sum(bool(row.get("error")) for row in rows),
+        }
+    runs = list(per_seed.values())
+    return {
+        "format": SUMMARY_FORMAT,
+        "env": env,
+        "label": label,
+        "method": method,
+        "seeds": seeds,
+        "per_seed": per_seed,
+        "average": over_seeds(run["average"] for run in runs),
+        "by_difficulty": _spread(runs, "by_difficulty"),
+        "by_family": _spread(runs, "by_family"),
+        "tasks": runs[0]["tasks"],
+        "errors": sum(run["errors"] for run in runs),
+        "std_ddof": STD_DDOF,
+    }
+
+
+def _ordered(groups: Iterable[str]) -> list[str]:
+    """Difficulties in :data:`DIFFICULTIES` order first, then other groups sorted."""
+    groups = set(groups)
+    return [d for d in DIFFICULTIES if d in groups] + sorted(groups - set(DIFFICULTIES))
+
+
+def _counts(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Tasks per difficulty."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[str(row["difficulty"])] = counts.get(str(row["difficulty"]), 0) + 1
+    return {d: counts[d] for d in _ordered(counts)}
+
+
+def _spread(runs: list[dict[str, Any]], field: str) -> dict[str, dict[str, float | int]]:
+    """:func:`over_seeds` of each group of ``run[field]`` (all seeds hold the same groups,
+    since they cover the same tasks)."""
+    return {g: over_seeds(run[field][g] for run in runs) for g in runs[0][field]}

@@ -1,0 +1,225 @@
+"""The evaluator: the paper's contract for any policy, resumable, shardable (SPEC 5, 8).
+
+**Contract** (SPEC 5): temperature 0 (agents, rubrics and scores), one recursive tree per
+task, 20 steps per agent, depth 3; the root checker decides; an evaluation error (a
+rollout that raised) is a failure. ``seeds`` runs the whole task list once per runtime
+seed ``0..seeds-1`` and reports mean and standard deviation over them (at temperature 0
+the seeds matter only where something samples, e.g. test-time selection's candidates;
+the paper's 3 seeds are 3 *trained* models: evaluate each checkpoint and let the report
+combine their summaries). ``select = N > 1`` turns on test-time selection (SPEC 8,
+:class:`~sera_core.agents.runtime.RuntimeConfig.select`).
+
+**Files** in ``out``: ``plan.json`` (task ids, seeds, shard count, config: a rerun with
+other settings is refused); one row per finished task, appended and flushed as soon as it
+finishes, to ``seed{s}.shard{i}of{n}.jsonl`` (a crash loses at most the tasks in flight;
+a half-written last line is dropped on reopening); after all shards finished,
+:func:`merge` checks that every task has exactly one row per seed and writes
+``seed{s}.jsonl`` (plan order) and ``summary.json`` (``format: sera.eval/1``, see
+docs/evaluation.md). ``resume`` skips finished tasks and reruns errored ones (the rerun's
+row replaces the errored one); without it, existing rows are an error, never silently
+mixed. ``shard=(i, n)`` plays the tasks whose plan index is ``i`` mod ``n``: run the
+shards as separate processes or machines on a shared folder, then :func:`merge`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from sera_core.agents.runtime import Rollout, Runtime, RuntimeConfig
+from sera_core.eval.aggregate import summarize_runs
+from sera_core.utils.aio import run_sync
+from sera_core.utils.jsonio import JsonlCheckpoint, read_jsonl, write_jsonl
+
+PLAN_FORMAT = "sera.eval-plan/1"
+"""The ``format`` of ``plan.json`` (``summary.json``: :data:`~sera_core.eval.aggregate.SUMMARY_FORMAT`)."""
+
+
+class EvalError(ValueError):
+    """A refused evaluation: mismatched plan, existing results without resume, missing or doubled rows."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """One evaluation (defaults: the paper's contract)."""
+
+    env: str
+    """``textcraft`` or ``textworld``."""
+    seeds: int = 1
+    """Runs over the task list (runtime seeds ``0..seeds-1``)."""
+    select: int = 1
+    """Test-time selection: candidates per delegation (1: plain evaluation)."""
+    select_temperature: float = 1.0
+    """Sampling temperature of selection candidates."""
+    select_fork_cap: int = 32
+    """Most forked worlds per task for selection."""
+    scorer: str = "policy"
+    """Who scores selection candidates: ``policy`` or ``external`` (a judge model)."""
+    max_steps: int = 20
+    """Steps of every agent."""
+    max_depth: int = 3
+    """Depth cap."""
+    max_new_tokens: int | None = None
+    """Per-turn completion cap (None: the benchmark's, as in the contract; smaller only
+    for quick looks, e.g. a notebook's smoke run)."""
+    concurrency: int = 16
+    """Tasks played at once (their model calls are batched together)."""
+    label: str = ""
+    """What was evaluated, model and scale (e.g. ``tiny (1.04M, CPU), SERA tiny run``): the report's row name."""
+    method: str | None = None
+    """The method row it stands for (``sera``, ``rao``, ...), if any."""
+    policy: str = ""
+    """The policy spec it was run with (``expert``, ``hf:PATH``, ...), recorded only."""
+
+    def __post_init__(self) -> None:
+        if self.env not in ("textcraft", "textworld"):
+            raise EvalError(f"env must be 'textcraft' or 'textworld', got {self.env!r}")
+        if self.seeds < 1 or self.select < 1 or self.concurrency < 1:
+            raise EvalError("seeds, select and concurrency must be >= 1")
+        self.runtime(0)  # the runtime's own checks, before any work
+
+    def runtime(self, seed: int) -> RuntimeConfig:
+        """The runtime settings of one run (the contract, plus selection)."""
+        return RuntimeConfig(temperature=0.0, rubric_temperature=0.0, score_temperature=0.0, max_steps=self.max_steps,
+                             max_depth=self.max_depth, max_new_tokens=self.max_new_tokens, select=self.select,
+                             select_temperature=self.select_temperature,
+                             select_fork_cap=self.select_fork_cap, scorer=self.scorer, seed=seed)
+
+
+def shard_file(out: Path, seed: int, shard: tuple[int, int]) -> Path:
+    return out / f"seed{seed}.shard{shard[0]}of{shard[1]}.jsonl"
+
+
+def task_row(rollout: Rollout, index: int, seed: int) -> dict[str, Any]:
+    """One task's result: success (the root checker; False on error), error, size and time."""
+    tree = rollout.tree
+    error = tree.meta.get("error")
+    acts = sum(1 for n in tree.nodes.values() for t in n.turns if t.kind == "act")
+    return {"task_id": tree.task_id, "index": index, "seed": seed, "difficulty": tree.meta.get("difficulty"),
+            "family": tree.meta.get("task_family"), "success": bool(tree.root_reward == 1.0 and error is None),
+            "error": error, "agents": len(tree.nodes), "steps": acts, "forks": tree.meta.get("forks", 0),
+            "seconds": rollout.seconds}
+
+
+def _plan(cfg: EvalConfig, ids: list[str], shards: int) -> dict[str, Any]:
+    config = {k: v for k, v in asdict(cfg).items() if k not in ("concurrency", "label", "policy")}
+    return {"format": PLAN_FORMAT, "env": cfg.env, "tasks": ids, "seeds": list(range(cfg.seeds)), "shards": shards,
+            "config": config, "label": cfg.label, "policy": cfg.policy}
+
+
+def _check_plan(out: Path, plan: dict[str, Any]) -> None:
+    """Write ``plan.json``, or check that an existing one describes the same evaluation."""
+    path = out / "plan.json"
+    if not path.exists():
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(plan, indent=1))
+        tmp.replace(path)
+        return
+    old = json.loads(path.read_text())
+    diff = [k for k in ("env", "tasks", "seeds", "shards", "config") if old.get(k) != plan.get(k)]
+    if diff:
+        raise EvalError(f"{out} holds an evaluation with other {', '.join(diff)}; use another --out")
+
+
+async def _play(runtime: Runtime, todo: list[tuple[int, dict]], seed: int, ckpt: JsonlCheckpoint, bar, limit: int) -> None:
+    """Play ``todo`` (index, record) with at most ``limit`` at once; write each row as it finishes."""
+    gate = asyncio.Semaphore(limit)
+    passed = [0, 0]
+
+    async def one(index: int, record: dict) -> None:
+        async with gate:
+            rollout = await runtime.rollout(record, f"{runtime.adapter.task_id(record)}/s{seed}")
+        row = task_row(rollout, index, seed)
+        ckpt.add(row)
+        passed[0] += row["success"]
+        passed[1] += 1
+        bar.update(1)
+        bar.set_postfix(success=f"{passed[0] / passed[1]:.1%}")
+
+    await asyncio.gather(*(one(i, r) for i, r in todo))
+
+
+def evaluate(records: list[dict], actor: Any, out: str | Path, cfg: EvalConfig, *, shard: tuple[int, int] = (0, 1),
+             resume: bool = False, external: Any = None, official: bool = False, progress: bool = True) -> dict[str, Any]:
+    """Evaluate ``actor`` on ``records`` into ``out`` (module docstring). Returns the
+    summary when the evaluation is complete (one shard, or the last shard to finish
+    merges), else ``{"shard": ..., "complete": False}``."""
+    out = Path(out)
+    i, n = shard
+    if not (0 <= i < n):
+        raise EvalError(f"shard must be i/n with 0 <= i < n, got {i}/{n}")
+    probe = Runtime(cfg.env, actor, cfg.runtime(0), external=external, official=official)
+    ids = [probe.adapter.task_id(r) for r in records]
+    if len(set(ids)) != len(ids):
+        raise EvalError("task ids are not unique")
+    _check_plan(out, _plan(cfg, ids, n))
+    mine = [(k, r) for k, r in enumerate(records) if k % n == i]
+    for seed in range(cfg.seeds):
+        ckpt = JsonlCheckpoint(shard_file(out, seed, shard), key="task_id")
+        if ckpt.records and not resume:
+            raise EvalError(f"{ckpt.path} already holds {len(ckpt.records)} results; pass --resume or use another --out")
+        todo = [(k, r) for k, r in mine if ids[k] not in ckpt.records or ckpt.records[ids[k]]["error"] is not None]
+        runtime = Runtime(cfg.env, actor, cfg.runtime(seed), external=external, official=official)
+        bar = tqdm(total=len(mine), initial=len(mine) - len(todo), desc=f"eval {cfg.env} seed {seed}",
+                   disable=not progress, unit="task")
+        try:
+            run_sync(partial(_play, runtime, todo, seed, ckpt, bar, cfg.concurrency))
+        finally:
+            bar.close()
+    done = all(shard_file(out, s, (j, n)).exists() for s in range(cfg.seeds) for j in range(n))
+    if done:
+        try:
+            return merge(out)
+        except EvalError:
+            if n == 1:
+                raise
+    return {"shard": f"{i}/{n}", "complete": False, "out": str(out)}
+
+
+def merge(out: str | Path) -> dict[str, Any]:
+    """Combine the shards of ``out``: exactly one row per task and seed (a task found in
+    two shards, or missing, is an :class:`EvalError`); write ``seed{s}.jsonl`` and
+    ``summary.json``; return the summary."""
+    out = Path(out)
+    plan_path = out / "plan.json"
+    if not plan_path.exists():
+        raise EvalError(f"{out} has no plan.json: not an evaluation folder")
+    plan = json.loads(plan_path.read_text())
+    ids, n = plan["tasks"], plan["shards"]
+    per_seed: dict[int, list[dict]] = {}
+    for seed in plan["seeds"]:
+        rows: dict[str, dict] = {}
+        for j in range(n):
+            path = shard_file(out, seed, (j, n))
+            if not path.exists():
+                raise EvalError(f"shard {j}/{n} of seed {seed} has not run ({path.name} is missing)")
+            for task_id, row in JsonlCheckpoint(path, key="task_id").records.items():
+                if task_id in rows:
+                    raise EvalError(f"task {task_id} has results in two shards (seed {seed}): counted twice")
+                rows[task_id] = row
+        missing = [t for t in ids if t not in rows]
+        if missing:
+            raise EvalError(f"seed {seed}: {len(missing)} task(s) have no result yet (first: {missing[0]}); rerun with --resume")
+        per_seed[seed] = [rows[t] for t in ids]
+        write_jsonl(out / f"seed{seed}.jsonl", per_seed[seed])
+    summary = {**summarize_runs(per_seed, plan["env"], label=plan["label"], method=plan["config"].get("method")),
+               "policy": plan["policy"], "select": plan["config"]["select"],
+               "contract": {"temperature": 0.0, "trees_per_task": 1,
+                            **{k: plan["config"][k] for k in ("max_steps", "max_depth", "max_new_tokens")}},
+               "rollout_seconds": round(sum(r["seconds"] for rows in per_seed.values() for r in rows), 2)}
+    tmp = out / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=1))
+    tmp.replace(out / "summary.json")
+    return summary
+
+
+def read_rows(out: str | Path, seed: int = 0) -> list[dict]:
+    """The merged rows of one seed (``seed{s}.jsonl``)."""
+    return list(read_jsonl(Path(out) / f"seed{seed}.jsonl"))
