@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 EXTRAS := notebooks,dev
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test bench tiny clean
+.PHONY: help setup demo test bench tiny figures reproduce-tiny train-full clean
 
 help:  ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -28,7 +28,26 @@ demo: setup  ## Main job on the embedded default: write both benchmarks' evaluat
 
 test: setup  ## Run the tests: pytest, then every notebook with nbval
 	$(BIN)/python -m pytest tests
-	SERA_SMOKE=1 $(BIN)/python -m pytest --nbval-lax notebooks
+	SERA_SMOKE=1 $(BIN)/python -m pytest --nbval-lax --nbval-sanitize-with notebooks/nbval_sanitize.cfg notebooks
+
+figures: setup  ## Rebuild the paper's tables and figures into figures/ (seconds; same bytes every time)
+	$(BIN)/sera tables --out figures
+
+CONFIG ?= textcraft/sera_full.yaml
+NUM_PROCESSES ?= null
+NUM_MACHINES ?= 1
+MACHINE_RANK ?= 0
+MAIN_PROCESS_IP ?= null
+train-full: setup  ## Full-scale run through papermill (GPU machines): make train-full CONFIG=textcraft/sera_full.yaml
+	mkdir -p runs/full
+	$(BIN)/papermill notebooks/11_full_scale_training.ipynb runs/full/11_full_scale_training.ipynb --cwd notebooks \
+	  -p DRY_RUN False -p CONFIG $(CONFIG) -p OUT ../runs/full -p NUM_MACHINES $(NUM_MACHINES) \
+	  -p MACHINE_RANK $(MACHINE_RANK) -y "{NUM_PROCESSES: $(NUM_PROCESSES), MAIN_PROCESS_IP: $(MAIN_PROCESS_IP)}"
+
+reproduce-tiny: setup  ## The tiny run on CPU through the same notebook: train SERA tiny, evaluate, tables (about an hour)
+	mkdir -p runs/reproduce_tiny
+	$(BIN)/papermill notebooks/11_full_scale_training.ipynb runs/reproduce_tiny/11_full_scale_training.ipynb \
+	  --cwd notebooks -p DRY_RUN False -p CONFIG textcraft/sera_tiny.yaml -p OUT ../runs/reproduce_tiny
 
 bench: setup  ## Benchmarks (numbers go to docs/benchmarks.md)
 	$(BIN)/python scripts/bench_textcraft.py

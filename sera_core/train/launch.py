@@ -1,0 +1,89 @@
+"""The commands of a whole run (train, export, evaluate, tables) and running them with live output.
+
+Notebook 11 (driven headless by papermill: ``make train-full``, ``make reproduce-tiny``)
+builds its commands here, so the notebook holds no logic of its own:
+
+* :func:`train_command`: ``accelerate launch`` with the config's shipped Accelerate file
+  (FSDP on 1 x H200 or 2 x 8 H200) when the config names one, else plain
+  ``python -m sera_core train`` (the tiny CPU configs);
+* :func:`tasks_command`, :func:`export_command`, :func:`eval_command`: the evaluation
+  tasks, the trained checkpoint as a Hugging Face folder, and its evaluation under the
+  paper's contract (vLLM when the config's backend is vLLM);
+* :func:`run_command`: run one of them, echoing its output line by line (progress bars
+  included) into the notebook and a log file; a failure raises with the log's tail.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from sera_core.train.config import CONFIGS, TrainConfig
+
+
+def train_command(cfg: TrainConfig, config_file: str | os.PathLike, *, num_processes: int | None = None,
+                  num_machines: int = 1, machine_rank: int = 0, main_process_ip: str | None = None,
+                  out: str | os.PathLike | None = None, resume: bool = False) -> list[str]:
+    """The command that trains ``cfg`` (read from ``config_file``) on this machine.
+
+    With ``cfg.accelerate_config``: ``accelerate launch --config_file F --num_processes N
+    --num_machines M --machine_rank R [--main_process_ip IP] -m sera_core train ...``
+    (``num_processes`` defaults to ``cfg.gpus``, the processes of all machines); run it on
+    every machine with its own ``machine_rank``. Without: ``python -m sera_core train ...``."""
+    tail = ["train", "--config", str(config_file)] + (["--out", str(out)] if out else []) + (["--resume"] if resume else [])
+    if not cfg.accelerate_config:
+        return [sys.executable, "-m", "sera_core", *tail]
+    accel = Path(cfg.accelerate_config)
+    accel = accel if accel.is_absolute() else CONFIGS / accel
+    cmd = ["accelerate", "launch", "--config_file", str(accel), "--num_processes", str(num_processes or cfg.gpus),
+           "--num_machines", str(num_machines), "--machine_rank", str(machine_rank)]
+    if num_machines > 1:
+        if not main_process_ip:
+            raise ValueError("a run on several machines needs main_process_ip (the rank-0 machine's address)")
+        cmd += ["--main_process_ip", main_process_ip]
+    return [*cmd, "-m", "sera_core", *tail]
+
+
+def tasks_command(env: str, out: str | os.PathLike) -> list[str]:
+    """``sera tasks``: the evaluation split of ``env`` (TextCraft val, TextWorld test)."""
+    split = "val" if env == "textcraft" else "test"
+    return [sys.executable, "-m", "sera_core", "tasks", "--env", env, "--split", split, "--out", str(out)]
+
+
+def export_command(run: str | os.PathLike, out: str | os.PathLike) -> list[str]:
+    """``sera export``: the run's checkpoint as a Hugging Face folder (for vLLM and ``hf:``)."""
+    return [sys.executable, "-m", "sera_core", "export", "--run", str(run), "--out", str(out)]
+
+
+def eval_command(cfg: TrainConfig, model: str | os.PathLike, tasks: str | os.PathLike, out: str | os.PathLike, *,
+                 label: str, seeds: int = 1) -> list[str]:
+    """``sera eval`` of an exported model under the contract (``vllm:`` when the config's
+    backend is vLLM, else ``hf:``), labelled for the report."""
+    policy = f"{'vllm' if cfg.backend == 'vllm' else 'hf'}:{model}"
+    return [sys.executable, "-m", "sera_core", "eval", "--env", cfg.env, "--tasks", str(tasks), "--policy", policy,
+            "--seeds", str(seeds), "--label", label, "--method", cfg.method, "--out", str(out)]
+
+
+def run_command(cmd: Sequence[str], log: str | os.PathLike, *, echo=print) -> None:
+    """Run ``cmd``, echoing each output line (stdout and stderr together; carriage-return
+    progress updates become lines) and appending it to ``log``. Raises ``RuntimeError``
+    with the last lines when the command fails."""
+    log = Path(log)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    tail: list[str] = []
+    env = {**os.environ, "TQDM_MININTERVAL": "10"}  # a progress line every 10 s, not a flood
+    with open(log, "a") as fh, subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                                 bufsize=1, env=env) as proc:
+        fh.write(f"$ {shlex.join(cmd)}\n")
+        for line in proc.stdout:  # text mode: "\r" progress updates arrive as lines too
+            line = line.rstrip("\n")
+            if line:
+                echo(line)
+                fh.write(line + "\n")
+                tail = (tail + [line])[-20:]
+    if proc.returncode:
+        raise RuntimeError(f"{shlex.join(cmd)} failed (exit {proc.returncode}); last lines:\n" + "\n".join(tail))

@@ -1,0 +1,80 @@
+"""The notebooks are stored clean and read as a course: numbered, a parameters cell with a
+smoke switch, assertions, no bulky outputs, normalised metadata (CI fails when one is not)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+CHECK = "# NBVAL_CHECK_OUTPUT"
+
+
+def test_the_course_is_numbered_in_order():
+    numbers = [int(p.name[:2]) for p in NOTEBOOKS]
+    assert numbers == list(range(len(NOTEBOOKS))) and len(NOTEBOOKS) >= 12
+    assert all(re.fullmatch(r"\d\d_[a-z0-9_]+\.ipynb", p.name) for p in NOTEBOOKS)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_is_clean(path):
+    nb = json.loads(path.read_text())
+    assert set(nb["metadata"]) <= {"kernelspec", "language_info"}, "normalise the notebook metadata"
+    cells = nb["cells"]
+    assert cells[0]["cell_type"] == "markdown" and "".join(cells[0]["source"]).startswith(f"# {path.name[:2]} · ")
+    code = [c for c in cells if c["cell_type"] == "code"]
+    params = [c for c in code if c["metadata"].get("tags") == ["parameters"]]
+    assert len(params) == 1 and re.search(r"^SMOKE = False$", "".join(params[0]["source"]), re.M)
+    assert any('os.environ.get("SERA_SMOKE") == "1"' in "".join(c["source"]) for c in code)
+    assert any(re.search(r"^\s*assert ", "".join(c["source"]), re.M) for c in code), "a notebook asserts what it shows"
+    for cell in code:
+        assert set(cell["metadata"]) <= {"tags"}
+        if "".join(cell["source"]).startswith(CHECK):  # a checked cell keeps a small text output (nbval: run once)
+            assert cell["execution_count"] == 1 and cell["outputs"]
+            assert all(o["output_type"] == "stream" for o in cell["outputs"])
+            assert len(json.dumps(cell["outputs"])) < 2000
+        else:
+            assert cell["execution_count"] is None
+            assert cell["outputs"] == [], "clear the outputs before committing (images go to figures/)"
+    assert path.stat().st_size < 40_000
+
+
+def _notebook(path: Path, cells: list[tuple[str, str | None]]) -> Path:
+    """A minimal notebook: code cells ``(source, stored output or None)``."""
+    code = [{"cell_type": "code", "execution_count": None if out is None else 1, "id": f"c{i}", "metadata": {}, "source": src,
+             "outputs": [] if out is None else [{"name": "stdout", "output_type": "stream", "text": out}]}
+            for i, (src, out) in enumerate(cells)]
+    path.write_text(json.dumps({"cells": code, "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                                           "language": "python"}},
+                                "nbformat": 4, "nbformat_minor": 5}))
+    return path
+
+
+def _nbval(path: Path) -> int:
+    import subprocess
+    import sys
+
+    sanitize = NOTEBOOKS[0].parent / "nbval_sanitize.cfg"
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax",
+                           "--nbval-sanitize-with", str(sanitize), str(path)], cwd=path.parent, capture_output=True).returncode
+
+
+def test_nbval_fails_on_a_broken_assertion_or_a_changed_checked_output(tmp_path):
+    good = _notebook(tmp_path / "good.ipynb", [("x = 2", None), (f"{CHECK}\nprint(x, 'took 1.5 s')", "2 took 9 s\n")])
+    assert _nbval(good) == 0  # the duration is sanitised away
+    assert _nbval(_notebook(tmp_path / "assert.ipynb", [("assert 1 + 1 == 3", None)])) != 0
+    assert _nbval(_notebook(tmp_path / "output.ipynb", [(f"{CHECK}\nprint(3)", "2\n")])) != 0
+
+
+def test_full_scale_notebook_dry_run_under_papermill(tmp_path):
+    import papermill
+
+    path = next(p for p in NOTEBOOKS if p.name.startswith("11_"))
+    out = papermill.execute_notebook(str(path), str(tmp_path / "out.ipynb"), cwd=str(path.parent), progress_bar=False,
+                                     parameters={"DRY_RUN": True, "OUT": str(tmp_path / "run")}, kernel_name="python3")
+    text = json.dumps(out["cells"])
+    assert "accelerate launch" in text and "2x8xh200.yaml" in text and "dry run: nothing launched" in text
+    assert (tmp_path / "run" / "tables" / "table1.md").is_file()
