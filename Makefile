@@ -44,10 +44,10 @@ train-full: setup  ## Full-scale run through papermill (GPU machines): make trai
 	  -p DRY_RUN False -p CONFIG $(CONFIG) -p OUT ../runs/full -p NUM_MACHINES $(NUM_MACHINES) \
 	  -p MACHINE_RANK $(MACHINE_RANK) -y "{NUM_PROCESSES: $(NUM_PROCESSES), MAIN_PROCESS_IP: $(MAIN_PROCESS_IP)}"
 
-reproduce-tiny: setup  ## The tiny run on CPU through the same notebook: train SERA tiny, evaluate, tables (about an hour)
+reproduce-tiny: setup  ## The tiny run on CPU through the same notebook: train SERA tiny (40 updates), evaluate on 40 val tasks, tables
 	mkdir -p runs/reproduce_tiny
 	$(BIN)/papermill notebooks/11_full_scale_training.ipynb runs/reproduce_tiny/11_full_scale_training.ipynb \
-	  --cwd notebooks -p DRY_RUN False -p CONFIG textcraft/sera_tiny.yaml -p OUT ../runs/reproduce_tiny
+	  --cwd notebooks -p DRY_RUN False -p CONFIG textcraft/sera_tiny.yaml -p OUT ../runs/reproduce_tiny -p EVAL_LIMIT 40
 
 bench: setup  ## Benchmarks (numbers go to docs/benchmarks.md)
 	$(BIN)/python scripts/bench_textcraft.py

@@ -27,7 +27,7 @@ from sera_core.train.config import CONFIGS, TrainConfig
 
 def train_command(cfg: TrainConfig, config_file: str | os.PathLike, *, num_processes: int | None = None,
                   num_machines: int = 1, machine_rank: int = 0, main_process_ip: str | None = None,
-                  out: str | os.PathLike | None = None, resume: bool = False) -> list[str]:
+                  out: str | os.PathLike | None = None, resume: bool = False, max_steps: int | None = None) -> list[str]:
     """The command that trains ``cfg`` (read from ``config_file``) on this machine.
 
     With ``cfg.accelerate_config``: ``accelerate launch --config_file F --num_processes N
@@ -35,6 +35,7 @@ def train_command(cfg: TrainConfig, config_file: str | os.PathLike, *, num_proce
     (``num_processes`` defaults to ``cfg.gpus``, the processes of all machines); run it on
     every machine with its own ``machine_rank``. Without: ``python -m sera_core train ...``."""
     tail = ["train", "--config", str(config_file)] + (["--out", str(out)] if out else []) + (["--resume"] if resume else [])
+    tail += ["--max-steps", str(max_steps)] if max_steps else []
     if not cfg.accelerate_config:
         return [sys.executable, "-m", "sera_core", *tail]
     accel = Path(cfg.accelerate_config)
@@ -60,12 +61,13 @@ def export_command(run: str | os.PathLike, out: str | os.PathLike) -> list[str]:
 
 
 def eval_command(cfg: TrainConfig, model: str | os.PathLike, tasks: str | os.PathLike, out: str | os.PathLike, *,
-                 label: str, seeds: int = 1) -> list[str]:
+                 label: str, seeds: int = 1, limit: int | None = None) -> list[str]:
     """``sera eval`` of an exported model under the contract (``vllm:`` when the config's
-    backend is vLLM, else ``hf:``), labelled for the report."""
+    backend is vLLM, else ``hf:``), labelled for the report; ``limit``: the first tasks only."""
     policy = f"{'vllm' if cfg.backend == 'vllm' else 'hf'}:{model}"
     return [sys.executable, "-m", "sera_core", "eval", "--env", cfg.env, "--tasks", str(tasks), "--policy", policy,
-            "--seeds", str(seeds), "--label", label, "--method", cfg.method, "--out", str(out)]
+            "--seeds", str(seeds), "--label", label, "--method", cfg.method, "--out", str(out),
+            *(["--limit", str(limit)] if limit else [])]
 
 
 def run_command(cmd: Sequence[str], log: str | os.PathLike, *, echo=print) -> None:
