@@ -35,14 +35,14 @@ figures: setup  ## Rebuild the paper's tables and figures into figures/ (seconds
 
 CONFIG ?= textcraft/sera_full.yaml
 NUM_PROCESSES ?= null
-NUM_MACHINES ?= 1
+NUM_MACHINES ?= null
 MACHINE_RANK ?= 0
 MAIN_PROCESS_IP ?= null
 train-full: setup  ## Full-scale run through papermill (GPU machines): make train-full CONFIG=textcraft/sera_full.yaml
 	mkdir -p runs/full
 	$(BIN)/papermill notebooks/11_full_scale_training.ipynb runs/full/11_full_scale_training.ipynb --cwd notebooks \
-	  -p DRY_RUN False -p CONFIG $(CONFIG) -p OUT ../runs/full -p NUM_MACHINES $(NUM_MACHINES) \
-	  -p MACHINE_RANK $(MACHINE_RANK) -y "{NUM_PROCESSES: $(NUM_PROCESSES), MAIN_PROCESS_IP: $(MAIN_PROCESS_IP)}"
+	  -p DRY_RUN False -p CONFIG $(CONFIG) -p OUT ../runs/full -p MACHINE_RANK $(MACHINE_RANK) \
+	  -y "{NUM_PROCESSES: $(NUM_PROCESSES), NUM_MACHINES: $(NUM_MACHINES), MAIN_PROCESS_IP: $(MAIN_PROCESS_IP)}"
 
 reproduce-tiny: setup  ## The tiny run on CPU through the same notebook: train SERA tiny (40 updates), evaluate on 40 val tasks, tables
 	mkdir -p runs/reproduce_tiny

@@ -19,6 +19,8 @@ def test_full_configs_launch_through_accelerate_with_the_shipped_fsdp_config():
     assert flags["--config_file"] == str(CONFIGS / "accelerate" / "2x8xh200.yaml")
     assert flags["--num_processes"] == "16" and flags["--num_machines"] == "2" and flags["--machine_rank"] == "1"
     assert flags["--main_process_ip"] == "10.0.0.1"
+    plain = train_command(cfg, "cfg.yaml")
+    assert "--num_machines" not in plain and plain[plain.index("--num_processes") + 1] == "16"
     with pytest.raises(ValueError, match="main_process_ip"):
         train_command(cfg, "cfg.yaml", num_machines=2)
 

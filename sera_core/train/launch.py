@@ -26,14 +26,15 @@ from sera_core.train.config import CONFIGS, TrainConfig
 
 
 def train_command(cfg: TrainConfig, config_file: str | os.PathLike, *, num_processes: int | None = None,
-                  num_machines: int = 1, machine_rank: int = 0, main_process_ip: str | None = None,
+                  num_machines: int | None = None, machine_rank: int = 0, main_process_ip: str | None = None,
                   out: str | os.PathLike | None = None, resume: bool = False, max_steps: int | None = None) -> list[str]:
     """The command that trains ``cfg`` (read from ``config_file``) on this machine.
 
     With ``cfg.accelerate_config``: ``accelerate launch --config_file F --num_processes N
-    --num_machines M --machine_rank R [--main_process_ip IP] -m sera_core train ...``
-    (``num_processes`` defaults to ``cfg.gpus``, the processes of all machines); run it on
-    every machine with its own ``machine_rank``. Without: ``python -m sera_core train ...``."""
+    --machine_rank R [--num_machines M [--main_process_ip IP]] -m sera_core train ...``
+    (``num_processes`` defaults to ``cfg.gpus``, the processes of all machines; without
+    ``num_machines`` the Accelerate file's setting applies); run it on every machine with
+    its own ``machine_rank``. Without: ``python -m sera_core train ...``."""
     tail = ["train", "--config", str(config_file)] + (["--out", str(out)] if out else []) + (["--resume"] if resume else [])
     tail += ["--max-steps", str(max_steps)] if max_steps else []
     if not cfg.accelerate_config:
@@ -41,11 +42,13 @@ def train_command(cfg: TrainConfig, config_file: str | os.PathLike, *, num_proce
     accel = Path(cfg.accelerate_config)
     accel = accel if accel.is_absolute() else CONFIGS / accel
     cmd = ["accelerate", "launch", "--config_file", str(accel), "--num_processes", str(num_processes or cfg.gpus),
-           "--num_machines", str(num_machines), "--machine_rank", str(machine_rank)]
-    if num_machines > 1:
-        if not main_process_ip:
-            raise ValueError("a run on several machines needs main_process_ip (the rank-0 machine's address)")
-        cmd += ["--main_process_ip", main_process_ip]
+           "--machine_rank", str(machine_rank)]
+    if num_machines is not None:  # else the Accelerate file's machine count applies
+        cmd += ["--num_machines", str(num_machines)]
+        if num_machines > 1:
+            if not main_process_ip:
+                raise ValueError("a run on several machines needs main_process_ip (the rank-0 machine's address)")
+            cmd += ["--main_process_ip", main_process_ip]
     return [*cmd, "-m", "sera_core", *tail]
 
 
