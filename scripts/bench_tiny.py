@@ -5,7 +5,9 @@
    completion tokens per second by batch size.
 2. Training: seconds per imitation step of the recipe's model (AdamW, batch of the
    recipe's size) on random token sequences of a fixed length, by length.
-3. Evaluation: TextCraft val tasks per minute at temperature 0 through the runtime.
+
+Evaluation throughput is measured by ``sera eval`` itself (tasks per minute in its
+summary; docs/evaluation.md).
 
 Run: ``.venv/bin/python scripts/bench_tiny.py [--model DIR]`` (default: the shipped model).
 """
@@ -18,9 +20,7 @@ import time
 
 import torch
 
-from sera_core.agents.actors import PolicyActor
 from sera_core.agents.prompts import agent_messages
-from sera_core.agents.runtime import Runtime, RuntimeConfig
 from sera_core.envs.textcraft.tasks import generate_split as craft_split
 from sera_core.policy.base import SamplingParams
 from sera_core.policy.hf import HFPolicy
@@ -64,11 +64,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default=str(ASSETS))
     parser.add_argument("--new", type=int, default=128, help="tokens generated per sequence in the inference test")
-    parser.add_argument("--tasks", type=int, default=8, help="easy TextCraft val tasks in the evaluation test")
     args = parser.parse_args()
     print(f"machine: {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     policy = HFPolicy(args.model)
-    easy = [t for t in craft_split("val") if t["misc"]["difficulty"] == "easy"][:args.tasks]
+    easy = [t for t in craft_split("val") if t["misc"]["difficulty"] == "easy"][:8]
     print("\n| batch | completion tokens / s |\n|---|---|")
     for batch, rate in inference(policy, easy, args.new):
         print(f"| {batch} | {rate:,.0f} |")
@@ -76,13 +75,6 @@ def main() -> None:
     print(f"\n| sequence length | seconds / step (batch {recipe.sft.batch_size}) |\n|---|---|")
     for n, sec in training(policy.model.train(), recipe.sft.batch_size):
         print(f"| {n} | {sec:.2f} |")
-    policy.model.eval()
-    t0 = time.perf_counter()
-    rollouts = Runtime("textcraft", PolicyActor(policy), RuntimeConfig(temperature=0.0, rubric_temperature=0.0)).run(easy)
-    minutes = (time.perf_counter() - t0) / 60
-    solved = sum(r.tree.root_reward or 0 for r in rollouts)
-    print(f"\nevaluation: {len(easy)} easy TextCraft val tasks in {minutes * 60:.1f} s "
-          f"({len(easy) / minutes:.1f} tasks / min), {solved:.0f} solved")
 
 
 if __name__ == "__main__":
