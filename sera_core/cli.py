@@ -270,7 +270,7 @@ def cmd_eval(args: argparse.Namespace) -> dict[str, Any]:
     summary = evaluate(records, _actor(args), args.out, cfg, shard=(i, n), resume=args.resume,
                        external=_external(args), official=args.format == "official")
     minutes = (time.perf_counter() - t0) / 60
-    return {**summary, "tasks_per_minute": round(len(records[i::n]) * args.seeds / minutes, 2) if minutes else None}
+    return {**summary, "tasks_per_minute": round(summary["played"] / minutes, 2) if minutes else None}
 
 
 def cmd_tables(args: argparse.Namespace) -> dict[str, Any]:

@@ -46,7 +46,7 @@ class Crashing:
 
 
 def without_times(summary):
-    return {k: v for k, v in summary.items() if k != "rollout_seconds"}
+    return {k: v for k, v in summary.items() if k not in ("rollout_seconds", "played")}
 
 
 def test_expert_scores_100_through_the_evaluator(tokenizer, tasks, tmp_path):
@@ -55,11 +55,14 @@ def test_expert_scores_100_through_the_evaluator(tokenizer, tasks, tmp_path):
     assert set(summary["by_difficulty"]) == {"easy", "medium", "hard", "extreme"}
     rows = list(read_jsonl(tmp_path / "seed0.jsonl"))
     assert [r["task_id"] for r in rows] == [t["id"] for t in tasks] and all(r["success"] for r in rows)
-    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    assert json.loads((tmp_path / "summary.json").read_text()) == without_times(summary) | {"rollout_seconds": summary["rollout_seconds"]}
     with pytest.raises(EvalError, match="--resume"):  # existing results are never silently mixed
         evaluate(tasks, expert(tokenizer), tmp_path, EvalConfig("textcraft", label="expert"), progress=False)
     with pytest.raises(EvalError, match="config"):  # nor results of another evaluation
         evaluate(tasks, expert(tokenizer), tmp_path, EvalConfig("textcraft", select=2), resume=True, progress=False)
+    with pytest.raises(EvalError, match="policy"):  # nor of another model
+        evaluate(tasks, expert(tokenizer), tmp_path, EvalConfig("textcraft", label="expert", policy="hf:other"),
+                 resume=True, progress=False)
 
 
 def test_crash_mid_run_resumes_without_loss_or_double_counting(tokenizer, tasks, tmp_path):
@@ -73,6 +76,7 @@ def test_crash_mid_run_resumes_without_loss_or_double_counting(tokenizer, tasks,
     written = list(read_jsonl(shard_file(tmp_path / "run", 0, (0, 1))))
     assert 0 < len(written) < len(tasks) and not (tmp_path / "run" / "summary.json").exists()
     resumed = evaluate(tasks, expert(tokenizer, **noisy), tmp_path / "run", cfg, resume=True, progress=False)
+    assert resumed["played"] == len(tasks) - len(written) and reference["played"] == len(tasks)
     assert without_times(resumed) == without_times(reference)
     assert len(list(read_jsonl(shard_file(tmp_path / "run", 0, (0, 1))))) == len(tasks)
 

@@ -9,8 +9,8 @@ the paper's 3 seeds are 3 *trained* models: evaluate each checkpoint and let the
 combine their summaries). ``select = N > 1`` turns on test-time selection (SPEC 8,
 :class:`~sera_core.agents.runtime.RuntimeConfig.select`).
 
-**Files** in ``out``: ``plan.json`` (task ids, seeds, shard count, config: a rerun with
-other settings is refused); one row per finished task, appended and flushed as soon as it
+**Files** in ``out``: ``plan.json`` (task ids, seeds, shard count, settings, label and
+policy: a rerun with any of them changed is refused, so two models never mix); one row per finished task, appended and flushed as soon as it
 finishes, to ``seed{s}.shard{i}of{n}.jsonl`` (a crash loses at most the tasks in flight;
 a half-written last line is dropped on reopening); after all shards finished,
 :func:`merge` checks that every task has exactly one row per seed and writes
@@ -123,7 +123,7 @@ def _check_plan(out: Path, plan: dict[str, Any]) -> None:
         tmp.replace(path)
         return
     old = json.loads(path.read_text())
-    diff = [k for k in ("env", "tasks", "seeds", "shards", "config") if old.get(k) != plan.get(k)]
+    diff = [k for k in ("env", "tasks", "seeds", "shards", "config", "label", "policy") if old.get(k) != plan.get(k)]
     if diff:
         raise EvalError(f"{out} holds an evaluation with other {', '.join(diff)}; use another --out")
 
@@ -150,7 +150,8 @@ def evaluate(records: list[dict], actor: Any, out: str | Path, cfg: EvalConfig, 
              resume: bool = False, external: Any = None, official: bool = False, progress: bool = True) -> dict[str, Any]:
     """Evaluate ``actor`` on ``records`` into ``out`` (module docstring). Returns the
     summary when the evaluation is complete (one shard, or the last shard to finish
-    merges), else ``{"shard": ..., "complete": False}``."""
+    merges), else ``{"shard": ..., "complete": False}``; either with ``played``: the
+    rollouts this call played (resumed rows not counted)."""
     out = Path(out)
     i, n = shard
     if not (0 <= i < n):
@@ -161,11 +162,13 @@ def evaluate(records: list[dict], actor: Any, out: str | Path, cfg: EvalConfig, 
         raise EvalError("task ids are not unique")
     _check_plan(out, _plan(cfg, ids, n))
     mine = [(k, r) for k, r in enumerate(records) if k % n == i]
+    played = 0
     for seed in range(cfg.seeds):
         ckpt = JsonlCheckpoint(shard_file(out, seed, shard), key="task_id")
         if ckpt.records and not resume:
             raise EvalError(f"{ckpt.path} already holds {len(ckpt.records)} results; pass --resume or use another --out")
         todo = [(k, r) for k, r in mine if ids[k] not in ckpt.records or ckpt.records[ids[k]]["error"] is not None]
+        played += len(todo)
         runtime = Runtime(cfg.env, actor, cfg.runtime(seed), external=external, official=official)
         bar = tqdm(total=len(mine), initial=len(mine) - len(todo), desc=f"eval {cfg.env} seed {seed}",
                    disable=not progress, unit="task")
@@ -176,11 +179,11 @@ def evaluate(records: list[dict], actor: Any, out: str | Path, cfg: EvalConfig, 
     done = all(shard_file(out, s, (j, n)).exists() for s in range(cfg.seeds) for j in range(n))
     if done:
         try:
-            return merge(out)
+            return {**merge(out), "played": played}
         except EvalError:
             if n == 1:
                 raise
-    return {"shard": f"{i}/{n}", "complete": False, "out": str(out)}
+    return {"shard": f"{i}/{n}", "complete": False, "out": str(out), "played": played}
 
 
 def merge(out: str | Path) -> dict[str, Any]:
