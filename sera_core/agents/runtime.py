@@ -161,6 +161,12 @@ class RuntimeConfig:
                 raise ValueError(f"{name} must be >= 0")
 
     @property
+    def labels_children(self) -> bool:
+        """Whether an ordinary (or selected) child is labelled by the judge: asked for, or
+        needed by the binary fallback of a malformed rubric or score."""
+        return self.label_children or self.malformed_policy == MalformedPolicy.BINARY_FALLBACK.value
+
+    @property
     def sequential(self) -> bool:
         if self.sequential_children is not None:
             return self.sequential_children
@@ -388,7 +394,7 @@ class Runtime:
                 node.meta["selection"] = {"candidates": 1, "note": "fork cap reached: ordinary child"}
             env = a.spawn(parent.env, spec)
             child = await self._run_agent(env, node, scope)
-            if cfg.label_children or cfg.malformed_policy == MalformedPolicy.BINARY_FALLBACK.value:
+            if cfg.labels_children:
                 node.label, node.result["label_reason"] = await self._label(env)
             score, turn = await self._score(node, rubric, child, key=f"{scope.tree.tree_id}/{node.node_id}")
             if turn is not None:
@@ -515,7 +521,7 @@ class Runtime:
         a.commit(parent.env, envs[best])
         parent.env.children.append(envs[best])
         graft(scope.tree, node.node_id, trees[best])
-        if self.cfg.label_children or self.cfg.malformed_policy == MalformedPolicy.BINARY_FALLBACK.value:
+        if self.cfg.labels_children:
             node.label, node.result["label_reason"] = await self._label(envs[best])
         score, turn = scored[best]
         if turn is not None:

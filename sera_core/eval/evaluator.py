@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 from sera_core.agents.runtime import Rollout, Runtime, RuntimeConfig
 from sera_core.eval.aggregate import summarize_runs
 from sera_core.utils.aio import run_sync
-from sera_core.utils.jsonio import JsonlCheckpoint, read_jsonl, write_jsonl
+from sera_core.utils.jsonio import JsonlCheckpoint, write_atomic, write_jsonl
 
 PLAN_FORMAT = "sera.eval-plan/1"
 """The ``format`` of ``plan.json`` (``summary.json``: :data:`~sera_core.eval.aggregate.SUMMARY_FORMAT`)."""
@@ -118,9 +118,7 @@ def _check_plan(out: Path, plan: dict[str, Any]) -> None:
     path = out / "plan.json"
     if not path.exists():
         out.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(plan, indent=1))
-        tmp.replace(path)
+        write_atomic(path, json.dumps(plan, indent=1).encode())
         return
     old = json.loads(path.read_text())
     diff = [k for k in ("env", "tasks", "seeds", "shards", "config", "label", "policy") if old.get(k) != plan.get(k)]
@@ -217,12 +215,5 @@ def merge(out: str | Path) -> dict[str, Any]:
                "contract": {"temperature": 0.0, "trees_per_task": 1,
                             **{k: plan["config"][k] for k in ("max_steps", "max_depth", "max_new_tokens")}},
                "rollout_seconds": round(sum(r["seconds"] for rows in per_seed.values() for r in rows), 2)}
-    tmp = out / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=1))
-    tmp.replace(out / "summary.json")
+    write_atomic(out / "summary.json", json.dumps(summary, indent=1).encode())
     return summary
-
-
-def read_rows(out: str | Path, seed: int = 0) -> list[dict]:
-    """The merged rows of one seed (``seed{s}.jsonl``)."""
-    return list(read_jsonl(Path(out) / f"seed{seed}.jsonl"))

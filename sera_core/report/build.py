@@ -10,27 +10,13 @@ sibling renamed into place) and the same inputs give the same bytes.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from sera_core.report.plots import build_plots
 from sera_core.report.runs import load_runs
 from sera_core.report.tables import build_tables, to_csv, to_markdown
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path``, then rename it into place."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+from sera_core.utils.jsonio import write_atomic
 
 
 def build_report(out_dir: str | Path, runs_dir: str | Path | None = None) -> dict[str, Any]:

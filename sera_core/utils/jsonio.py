@@ -40,6 +40,19 @@ def write_jsonl(path: str | os.PathLike, records: Iterable[dict[str, Any]], *, s
     return count
 
 
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path``, then rename it into place."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
 def read_jsonl(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
     """Yield the JSON object on each non-empty line of ``path``.
 
