@@ -8,7 +8,9 @@ rubric generation never trained) the shipped tiny model is trained with
   1 with counterfactual groups of 8 (the rubric written, the branches labelled by the
   checker and scored against the rubric): the mean pairwise ranking accuracy over mixed
   groups (SPEC 3), and how many mixed groups there were;
-* **root success** at temperature 0 on ``--eval-tasks`` easy val tasks.
+* **root success** at temperature 0 on ``--eval-tasks`` easy val tasks;
+* **tokens trained** over the arm's updates (0 means the weights never moved: every group
+  had equal rewards and zero-variance filtering dropped it).
 
 The same measurement of the untrained model is the "before" row. Results are printed as a
 Markdown table with means and 95% confidence intervals over seeds (normal approximation,
@@ -42,7 +44,7 @@ def measure(policy, points_tasks: list[dict], eval_tasks: list[dict], seed: int)
     greedy = RuntimeConfig(temperature=0.0, rubric_temperature=0.0, seed=seed)
     success = summarize(Runtime("textcraft", PolicyActor(policy), greedy).run(eval_tasks))["root_success_rate"]
     return {"pairwise_accuracy": groups["mean_pairwise_accuracy"], "mixed_groups": groups["groups"]["valid"],
-            "root_success": success}
+            "delegations": groups["delegations"], "root_success": success}
 
 
 def interval(values: list[float]) -> str:
@@ -75,13 +77,16 @@ def main() -> None:
             if arm == "sera":  # the warm start both arms share, measured once per seed
                 results["before"].append(measure(trainer.policy, points_tasks, eval_tasks, seed))
             trainer.run(resume=True)
-            results[arm].append(measure(trainer.policy, points_tasks, eval_tasks, seed))
+            results[arm].append(measure(trainer.policy, points_tasks, eval_tasks, seed)
+                                | {"tokens_trained": trainer.counters["tokens_trained"]})
             out.mkdir(parents=True, exist_ok=True)
             (out / "results.json").write_text(json.dumps(results, indent=1))
-    print("\n| model | pairwise accuracy (held-out points) | mixed groups | root success (easy val) |\n|---|---|---|---|")
+    print("\n| model | pairwise accuracy (held-out points) | mixed groups | delegations | root success (easy val) "
+          "| tokens trained |\n|---|---|---|---|---|---|")
     for name, rows in results.items():
         print(f"| {name} | {interval([r['pairwise_accuracy'] for r in rows])} | "
-              f"{interval([r['mixed_groups'] for r in rows])} | {interval([r['root_success'] for r in rows])} |")
+              f"{interval([r['mixed_groups'] for r in rows])} | {interval([r['delegations'] for r in rows])} | "
+              f"{interval([r['root_success'] for r in rows])} | {interval([r.get('tokens_trained') for r in rows])} |")
 
 
 if __name__ == "__main__":

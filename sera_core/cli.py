@@ -444,7 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_tiny)
 
     p = sub.add_parser("train", help="train a method from a config file (SERA, RAO, ablations)")
-    p.add_argument("--config", type=Path, required=True, help="a YAML config (sera_core/configs/<env>/<method>_<scale>.yaml)")
+    p.add_argument("--config", type=Path, required=True, help="a YAML file, or a shipped config named relative to sera_core/configs (textcraft/sera_tiny.yaml)")
     p.add_argument("--dry-run", action="store_true", help="validate and print the plan; load no model")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
     p.add_argument("--max-steps", type=int, help="override the config's number of updates")

@@ -1,5 +1,5 @@
 """The notebooks are stored clean and read as a course: numbered, a parameters cell with a
-smoke switch, assertions, no bulky outputs, normalised metadata (CI fails when one is not)."""
+smoke switch, a loadable config and a scale, assertions, no bulky outputs, normalised metadata (CI fails when one is not)."""
 
 from __future__ import annotations
 
@@ -40,6 +40,24 @@ def test_notebook_is_clean(path):
             assert cell["execution_count"] is None
             assert cell["outputs"] == [], "clear the outputs before committing (images go to figures/)"
     assert path.stat().st_size < 40_000
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_parameters_name_a_loadable_config_and_a_scale(path):
+    """Each parameters cell sets the smoke switch, the run config (``CONFIG``, or ``CONFIGS``
+    one per benchmark) that loads as it stands, and at least one more setting (the scale).
+    Notebook 10 reads only published numbers and summaries and says so instead."""
+    from sera_core.train.config import load_config
+
+    (cell,) = [c for c in json.loads(path.read_text())["cells"] if "parameters" in c["metadata"].get("tags", [])]
+    source, values = "".join(cell["source"]), {}
+    exec(source, {}, values)  # assignments only
+    if path.name.startswith("10_"):
+        assert "No run config" in source
+        return
+    configs = [values["CONFIG"]] if "CONFIG" in values else values["CONFIGS"]
+    assert configs and all(load_config(c) for c in configs)
+    assert set(values) - {"SMOKE", "CONFIG", "CONFIGS"}, "a scale setting besides the smoke switch and the config"
 
 
 def _notebook(path: Path, cells: list[tuple[str, str | None]]) -> Path:

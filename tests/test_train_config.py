@@ -105,3 +105,32 @@ def test_cli_reports_bad_configs_before_work(tmp_path, capsys):
     path = write(tmp_path, "tasks_per_step: two\n")
     assert main(["train", "--config", str(path), "--dry-run"]) == 2
     assert "tasks_per_step" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
+
+
+def test_shipped_config_names_resolve_and_unknown_names_fail_clearly(tmp_path, monkeypatch):
+    from sera_core.train.config import CONFIGS, config_file
+
+    assert config_file("textcraft/sera_tiny.yaml") == CONFIGS / "textcraft" / "sera_tiny.yaml"
+    assert load_config("textcraft/sera_tiny.yaml") == load_config(CONFIGS / "textcraft" / "sera_tiny.yaml")
+    mine = tmp_path / "textcraft" / "sera_tiny.yaml"  # a file of the same relative name wins over the shipped one
+    mine.parent.mkdir()
+    mine.write_text(f"extends: {CONFIGS / 'textcraft' / 'sera_tiny.yaml'}\nlr: 0.5\n")
+    monkeypatch.chdir(tmp_path)
+    assert load_config("textcraft/sera_tiny.yaml").lr == 0.5
+    with pytest.raises(ConfigError, match="no such config file: textcraft/nope.yaml .*shipped: .*textcraft/sera_tiny.yaml"):
+        load_config("textcraft/nope.yaml")
+
+
+def test_rollout_settings_are_the_configs_own():
+    from sera_core.train.config import CONFIGS
+
+    cfg = load_config(CONFIGS / "textworld" / "sera_tiny.yaml", max_depth=2, max_steps_per_agent=7, fork_cap=4,
+                      malformed_policy="binary_fallback", seed=11, temperature=0.7)
+    rc = cfg.rollout_settings()
+    assert (rc.max_depth, rc.max_steps, rc.max_new_tokens, rc.counterfactual, rc.fork_cap, rc.seed, rc.temperature) == (
+        2, 7, 256, 8, 4, 11, 0.7)
+    assert rc.malformed_policy == "binary_fallback" and rc.rubric_writer == "policy" and rc.scorer == "policy"
+    greedy = cfg.rollout_settings(branches=False, seed=3, temperature=0.0, rubric_temperature=0.0)
+    assert (greedy.counterfactual, greedy.seed, greedy.temperature, greedy.rubric_temperature) == (0, 3, 0.0, 0.0)
+    with pytest.raises(TypeError):
+        cfg.rollout_settings(not_a_field=1)

@@ -9,7 +9,7 @@ from sera_core.agents.tree import Tree, Turn
 from sera_core.policy.tiny import TinyModelConfig, default_tokenizer, init_model
 from sera_core.rewards import Datum
 from sera_core.train.advantages import Advantage
-from sera_core.train.update import TokenRow, loss_and_backward, micro_batches, sequence_logprobs, token_rows
+from sera_core.train.update import TokenRow, loss_and_backward, micro_batches, rescored, sequence_logprobs, token_rows
 
 
 def act(prompt, completion, roles, logprobs=None):
@@ -119,3 +119,18 @@ def test_micro_batching_and_token_mean_do_not_change_the_gradient(model_and_rows
         assert stats["ratio_mean"] == pytest.approx(float(torch.exp(torch.tensor(-0.3))), rel=1e-4)
     assert torch.allclose(grads[0], grads[1], atol=1e-6)
     model.zero_grad()
+
+
+@pytest.mark.parametrize("budget", [10_000, 16])
+def test_rescored_rows_carry_the_models_own_logprobs(model_and_rows, budget):
+    model, spec = model_and_rows
+    reference = _rows(model, spec, 0.5)  # one row at a time, unpadded
+    stale = [TokenRow(r.ids, r.trained, tuple(-9.0 if t else 0.0 for t in r.trained), r.advantage) for r in reference]
+    rows = rescored(model, stale, pad_id=0, micro_batch_tokens=budget)  # batched and right-padded, or one by one
+    assert [(r.ids, r.trained, r.advantage) for r in rows] == [(r.ids, r.trained, r.advantage) for r in reference]
+    for got, want in zip(rows, reference, strict=True):
+        assert got.old_logprobs == pytest.approx(want.old_logprobs, abs=1e-5)
+    n = sum(r.tokens for r in rows)
+    stats = loss_and_backward(model, rows, pad_id=0, total_tokens=n, micro_batch_tokens=budget)
+    model.zero_grad()
+    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # every importance ratio is 1

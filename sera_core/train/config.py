@@ -143,6 +143,27 @@ class TrainConfig:
     def replace(self, **changes: Any) -> TrainConfig:
         return validate(dataclasses.replace(self, **changes))
 
+    def rollout_settings(self, *, branches: bool = True, seed: int | None = None, **changes: Any):
+        """The :class:`~sera_core.agents.runtime.RuntimeConfig` of this config's rollouts.
+
+        Taken from the config: ``max_depth``, ``max_steps_per_agent``, ``temperature``,
+        ``max_new_tokens``, ``max_context_tokens``, ``counterfactual`` (B; 0 when
+        ``branches`` is false: the execution and delegation stages fork nothing),
+        ``fork_cap``, ``rubric_writer``, ``scorer``, ``malformed_policy``, and ``seed``
+        (``self.seed`` unless given). ``changes`` set any other runtime field on top, e.g.
+        ``temperature=0.0, rubric_temperature=0.0`` for greedy play. The trainer and the
+        notebooks both build their runtimes here, so a notebook run with a config plays
+        with exactly the settings a training run of that config would.
+        """
+        from sera_core.agents.runtime import RuntimeConfig
+
+        values = dict(max_depth=self.max_depth, max_steps=self.max_steps_per_agent, temperature=self.temperature,
+                      max_new_tokens=self.max_new_tokens, max_context_tokens=self.max_context_tokens,
+                      counterfactual=self.counterfactual if branches else 0, fork_cap=self.fork_cap,
+                      rubric_writer=self.rubric_writer, scorer=self.scorer, malformed_policy=self.malformed_policy,
+                      seed=self.seed if seed is None else seed)
+        return RuntimeConfig(**(values | changes))
+
 
 _CHOICES = {
     "env": ENVS, "backend": BACKENDS, "task_format": ("native", "official"), "child_reward": CHILD_REWARDS,
@@ -217,9 +238,24 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     return cfg
 
 
+def config_file(path: str | Path) -> Path:
+    """The YAML file ``path`` names: the file itself when it exists, else a shipped config
+    of that name relative to :data:`CONFIGS` (``textcraft/sera_tiny.yaml``); a name that is
+    neither raises :class:`ConfigError`."""
+    path = Path(path)
+    if path.is_file() or path.is_absolute():
+        return path
+    if (CONFIGS / path).is_file():
+        return CONFIGS / path
+    raise ConfigError(f"no such config file: {path} (nor a shipped config {CONFIGS / path}; shipped: "
+                      f"{', '.join(str(p.relative_to(CONFIGS)) for p in shipped_configs())})")
+
+
 def load_config(path: str | Path, **overrides: Any) -> TrainConfig:
-    """The config of a YAML file (following ``extends``), with ``overrides`` on top, validated."""
-    values = _read(Path(path), seen=())
+    """The config of a YAML file or shipped config name (:func:`config_file`; following
+    ``extends``), with ``overrides`` on top, validated."""
+    path = config_file(path)
+    values = _read(path, seen=())
     values.update(overrides)
     names = {f.name for f in fields(TrainConfig)}
     unknown = sorted(set(values) - names)
@@ -250,4 +286,4 @@ def shipped_configs() -> list[Path]:
     return sorted(p for env in ENVS for p in (CONFIGS / env).glob("*.yaml") if not p.name.startswith("_"))
 
 
-__all__ = ["TrainConfig", "ConfigError", "load_config", "validate", "shipped_configs", "CONFIGS"]
+__all__ = ["TrainConfig", "ConfigError", "config_file", "load_config", "validate", "shipped_configs", "CONFIGS"]

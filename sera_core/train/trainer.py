@@ -51,7 +51,7 @@ import torch
 from tqdm.auto import tqdm
 
 from sera_core.agents.actors import PolicyActor
-from sera_core.agents.runtime import Rollout, Runtime, RuntimeConfig
+from sera_core.agents.runtime import Rollout, Runtime
 from sera_core.agents.summary import summarize
 from sera_core.rewards.execution import execution_datums
 from sera_core.rewards.leaf_credit import leaf_datums
@@ -241,12 +241,8 @@ class Trainer:
 
     def runtime(self, stage: Stage, version: int, policy: Any) -> Runtime:
         cfg = self.cfg
-        rc = RuntimeConfig(
-            max_depth=cfg.max_depth, max_steps=cfg.max_steps_per_agent, temperature=cfg.temperature,
-            max_new_tokens=cfg.max_new_tokens, max_context_tokens=cfg.max_context_tokens,
-            counterfactual=cfg.counterfactual if stage.counterfactual else 0, fork_cap=cfg.fork_cap,
-            rubric_writer=cfg.rubric_writer, scorer=cfg.scorer, malformed_policy=cfg.malformed_policy,
-            label_children=True, seed=derive_seed(cfg.seed, "rollouts", version))
+        rc = cfg.rollout_settings(branches=stage.counterfactual, seed=derive_seed(cfg.seed, "rollouts", version),
+                                  label_children=True)
         return Runtime(cfg.env, PolicyActor(policy), rc, external=self.external, official=cfg.task_format == "official")
 
     def advantages(self, stage: Stage, rollouts: list[Rollout]) -> tuple[list[Advantage], int]:

@@ -111,6 +111,27 @@ def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
 
 
+def rescored(model, rows: Sequence[TokenRow], *, pad_id: int, micro_batch_tokens: int = 16384) -> list[TokenRow]:
+    """``rows`` with ``old_logprobs`` replaced by ``model``'s own teacher-forced
+    ``log pi(x_{t+1} | x_{<=t})`` at every trained position (no gradient; 0 elsewhere).
+
+    For tokens the model did not sample itself: a demonstration written by the scripted
+    expert in the model's tokenizer, trained *as if* the model had generated it (notebook
+    07), or a check of the logprobs a generation backend recorded against the training
+    model's. With the model unchanged since, every importance ratio of the result is 1."""
+    out: list[TokenRow] = []
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        for group in micro_batches(rows, micro_batch_tokens):
+            b = _tensors(group, pad_id, device)
+            logp = sequence_logprobs(model, b["input_ids"], b["attention_mask"]).cpu().tolist()
+            for row, lp in zip(group, logp, strict=True):
+                # position t of the row is predicted by logits at t - 1 (position 0 is never trained)
+                old = (0.0,) + tuple(lp[t - 1] if row.trained[t] else 0.0 for t in range(1, len(row.ids)))
+                out.append(TokenRow(row.ids, row.trained, old, row.advantage))
+    return out
+
+
 def loss_and_backward(model, rows: Sequence[TokenRow], *, pad_id: int, total_tokens: int, micro_batch_tokens: int,
                       loss: str = "cispo", cispo: CISPOConfig | None = None, grpo_eps: float = 0.2,
                       backward: Callable[[torch.Tensor], None] | None = None) -> dict[str, float]:
