@@ -25,6 +25,7 @@ def test_notebook_is_clean(path):
     assert set(nb["metadata"]) <= {"kernelspec", "language_info"}, "normalise the notebook metadata"
     cells = nb["cells"]
     assert cells[0]["cell_type"] == "markdown" and "".join(cells[0]["source"]).startswith(f"# {path.name[:2]} · ")
+    assert "Needs:" in "".join(cells[0]["source"]), "the opening says what the notebook needs"
     code = [c for c in cells if c["cell_type"] == "code"]
     params = [c for c in code if c["metadata"].get("tags") == ["parameters"]]
     assert len(params) == 1 and re.search(r"^SMOKE = False$", "".join(params[0]["source"]), re.M)
