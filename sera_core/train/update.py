@@ -115,10 +115,10 @@ def rescored(model, rows: Sequence[TokenRow], *, pad_id: int, micro_batch_tokens
     """``rows`` with ``old_logprobs`` replaced by ``model``'s own teacher-forced
     ``log pi(x_{t+1} | x_{<=t})`` at every trained position (no gradient; 0 elsewhere).
 
-    For tokens the model did not sample itself: a demonstration written by the scripted
-    expert in the model's tokenizer, trained *as if* the model had generated it (notebook
-    07), or a check of the logprobs a generation backend recorded against the training
-    model's. With the model unchanged since, every importance ratio of the result is 1."""
+    For tokens the model did not sample itself (a demonstration written by the scripted
+    expert in the model's tokenizer, trained *as if* the model had generated it: notebook
+    07), and for the mean log-probability of rows under a model. With the model unchanged
+    since, every importance ratio of the result is 1."""
     out: list[TokenRow] = []
     device = next(model.parameters()).device
     with torch.no_grad():
