@@ -20,11 +20,15 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)  ## Create .venv with the package (editable) and its extras; quick when nothing changed
 
-demo: setup  ## Main job on the embedded default: write both benchmarks' evaluation tasks, solve them with the expert
+demo: setup  ## Main job on the embedded default: both benchmarks solved by the expert, then the tiny path (train, evaluate, tables)
 	$(BIN)/sera tasks --env textcraft --split val --out runs/demo/textcraft_val.jsonl
 	$(BIN)/sera solve --env textcraft --tasks runs/demo/textcraft_val.jsonl --mode delegate
 	$(BIN)/sera tasks --env textworld --split test --out runs/demo/textworld_test.jsonl
 	$(BIN)/sera solve --env textworld --tasks runs/demo/textworld_test.jsonl --mode delegate
+	$(BIN)/sera train --config textcraft/sera_tiny.yaml --max-steps 2 --out runs/demo/tiny_sera --resume
+	$(BIN)/sera eval --env textcraft --tasks runs/demo/textcraft_val.jsonl --limit 8 --policy hf:runs/demo/tiny_sera \
+	  --label "tiny (1.04M params, CPU), make demo: 2 SERA updates" --method sera --out runs/demo/eval_tiny --resume
+	$(BIN)/sera tables --runs runs/demo/eval_tiny --out runs/demo/tables
 
 test: setup  ## Run the tests: pytest, then every notebook with nbval
 	$(BIN)/python -m pytest tests
