@@ -1,0 +1,44 @@
+"""The Makefile's `sera` commands are ones the CLI accepts (a typo in a flag fails here,
+not on a learner's first `make demo`); each target that runs the tiny path names it."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from sera_core.cli import build_parser
+
+MAKEFILE = Path(__file__).resolve().parents[1] / "Makefile"
+
+
+def _targets() -> dict[str, list[str]]:
+    """Each target's recipe lines, continuation lines joined."""
+    targets: dict[str, list[str]] = {}
+    current = None
+    for line in MAKEFILE.read_text().replace("\\\n", " ").splitlines():
+        if m := re.match(r"^([a-z][a-z-]*):", line):
+            current = targets.setdefault(m.group(1), [])
+        elif line.startswith("\t") and current is not None:
+            current.append(line.strip())
+    return targets
+
+
+SERA_LINES = [(name, line) for name, lines in _targets().items() for line in lines if line.startswith("$(BIN)/sera ")]
+
+
+@pytest.mark.parametrize(("target", "line"), SERA_LINES, ids=[f"{t}:{i}" for i, (t, _) in enumerate(SERA_LINES)])
+def test_every_sera_command_of_the_makefile_parses(target, line):
+    argv = shlex.split(line)[1:]
+    args = build_parser().parse_args(argv)
+    assert callable(args.func)
+
+
+def test_demo_runs_both_benchmarks_and_the_tiny_path():
+    demo = " ".join(_targets()["demo"])
+    for step in ("sera solve --env textcraft", "sera solve --env textworld", "sera train --config textcraft/sera_tiny.yaml",
+                 "sera eval", "--policy hf:runs/demo/tiny_sera", "sera tables --runs runs/demo/eval_tiny"):
+        assert step in demo.replace("$(BIN)/", ""), step
+    assert demo.count("--resume") == 2  # a second `make demo` resumes instead of refusing
