@@ -137,6 +137,15 @@ class TrainConfig:
     def stages(self) -> StageController:
         return StageController(self.schedule)
 
+    @property
+    def accelerate_file(self) -> Path | None:
+        """The Accelerate config file of ``accelerate_config`` (a relative path is a shipped
+        one, under :data:`CONFIGS`), or None without one."""
+        if not self.accelerate_config:
+            return None
+        path = Path(self.accelerate_config)
+        return path if path.is_absolute() else CONFIGS / path
+
     def to_json(self) -> dict[str, Any]:
         return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in fields(self)}
 

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from sera_core.train.config import CONFIGS, TrainConfig
+from sera_core.train.config import TrainConfig
 
 
 def train_command(cfg: TrainConfig, config_file: str | os.PathLike, *, num_processes: int | None = None,
@@ -37,10 +37,9 @@ def train_command(cfg: TrainConfig, config_file: str | os.PathLike, *, num_proce
     its own ``machine_rank``. Without: ``python -m sera_core train ...``."""
     tail = ["train", "--config", str(config_file)] + (["--out", str(out)] if out else []) + (["--resume"] if resume else [])
     tail += ["--max-steps", str(max_steps)] if max_steps else []
-    if not cfg.accelerate_config:
+    accel = cfg.accelerate_file
+    if accel is None:
         return [sys.executable, "-m", "sera_core", *tail]
-    accel = Path(cfg.accelerate_config)
-    accel = accel if accel.is_absolute() else CONFIGS / accel
     cmd = ["accelerate", "launch", "--config_file", str(accel), "--num_processes", str(num_processes or cfg.gpus),
            "--machine_rank", str(machine_rank)]
     if num_machines is not None:  # else the Accelerate file's machine count applies

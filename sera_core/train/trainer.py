@@ -64,7 +64,7 @@ from sera_core.train.advantages import (
     rubric_advantages,
 )
 from sera_core.train.cispo import CISPOConfig
-from sera_core.train.config import CONFIGS, TrainConfig
+from sera_core.train.config import TrainConfig
 from sera_core.train.stages import Stage, StageController
 from sera_core.train.update import loss_and_backward, token_rows
 from sera_core.utils.folders import swap_in
@@ -449,10 +449,7 @@ def plan(cfg: TrainConfig) -> dict[str, Any]:
     context = cfg.max_context_tokens or (10240 if cfg.env == "textcraft" else 13312)
     out_cap = cfg.max_new_tokens or (512 if cfg.env == "textcraft" else 3072)
     params = _parameter_count(cfg)
-    accel = None
-    if cfg.accelerate_config:
-        p = Path(cfg.accelerate_config)
-        accel = str(p if p.is_absolute() else CONFIGS / p)
+    accel = str(cfg.accelerate_file) if cfg.accelerate_file else None
     return {
         "method": cfg.method, "env": cfg.env, "model": str(model_path(cfg)), "backend": cfg.backend,
         "schedule": stages.schedule, "cycle_length": stages.cycle_length,
