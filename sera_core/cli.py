@@ -172,7 +172,8 @@ def cmd_solve(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _actor(args: argparse.Namespace):
-    """The actor named by ``--policy``: ``expert`` or ``hf:PATH``."""
+    """The actor named by ``--policy``: ``expert``, ``tiny`` (the embedded policy), ``hf:PATH``
+    (a model folder, adapter folder or training checkpoint) or ``vllm:PATH``."""
     if args.policy == "expert":
         from sera_core.envs.textcraft.expert import ExpertConfig as CraftConfig
         from sera_core.envs.textworld.expert import ExpertConfig as WorldConfig
@@ -187,17 +188,19 @@ def _actor(args: argparse.Namespace):
             tokenizer = default_tokenizer()
         return ExpertPolicy(tokenizer, textcraft=CraftConfig(mode="delegate", early_finish=args.noise / 2, waste=args.noise),
                             textworld=WorldConfig(mode="delegate", early_finish=args.noise / 2, mistake=args.noise))
-    if args.policy.startswith("hf:"):
-        path = Path(args.policy[3:])
+    if args.policy == "tiny" or args.policy.startswith("hf:"):
         from sera_core.agents.actors import PolicyActor
+        from sera_core.policy.models import is_adapter, model_folder
+
+        path = model_folder("tiny") if args.policy == "tiny" else Path(args.policy[3:])
 
         if (path / "state.json").is_file() or (path / "checkpoint" / "state.json").is_file():
             from sera_core.train.trainer import checkpoint_policy
 
             return PolicyActor(checkpoint_policy(path), max_batch=args.max_batch)
-        if not (path / "config.json").is_file():
-            raise CommandError(f"--policy {args.policy}: {path} is neither a Hugging Face model folder (config.json) "
-                               "nor a training checkpoint (state.json)")
+        if not (path / "config.json").is_file() and not is_adapter(path):
+            raise CommandError(f"--policy {args.policy}: {path} is neither a Hugging Face model folder (config.json), "
+                               "an adapter folder (adapter_config.json) nor a training checkpoint (state.json)")
         from sera_core.policy.hf import HFPolicy
 
         return PolicyActor(HFPolicy(path), max_batch=args.max_batch)
@@ -206,7 +209,7 @@ def _actor(args: argparse.Namespace):
         from sera_core.policy.vllm_backend import VLLMPolicy
 
         return PolicyActor(VLLMPolicy(args.policy[5:]), max_batch=args.max_batch)
-    raise CommandError(f"--policy must be 'expert', 'hf:PATH' or 'vllm:PATH', not {args.policy!r}")
+    raise CommandError(f"--policy must be 'expert', 'tiny', 'hf:PATH' or 'vllm:PATH', not {args.policy!r}")
 
 
 def _external(args: argparse.Namespace):
@@ -283,26 +286,26 @@ def cmd_tables(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_tiny(args: argparse.Namespace) -> dict[str, Any]:
-    from sera_core.tiny.recipe import ASSETS, SMALL, TinyRecipe, build, read_manifest, write_manifest
+    from sera_core.policy.models import EMBEDDED, is_adapter
+    from sera_core.tiny.warmstart import SMALL_WARMSTART, WarmStartRecipe, build_adapter, read_manifest, write_manifest
 
     if args.action == "build":
-        recipe = SMALL if args.small else TinyRecipe()
-        out = args.out or Path.home() / ".cache" / "sera" / "tiny" / recipe.config_hash()
-        manifest = build(recipe, out, progress=True)
+        recipe = SMALL_WARMSTART if args.small else WarmStartRecipe()
+        out = args.out or Path.home() / ".cache" / "sera" / "embedded" / recipe.config_hash()
+        manifest = build_adapter(recipe, out, progress=True)
         return {"action": "build", "out": str(out), "recipe_hash": manifest["recipe_hash"],
                 "parameters": manifest["parameters"], "build_seconds": manifest["build_seconds"],
-                "final_loss": manifest["training"]["final_loss"], "weights_sha256": manifest["weights_sha256"]}
+                "final_loss": manifest["training"]["final_loss"], "adapter_sha256": manifest["adapter_sha256"]}
     from sera_core.envs.textcraft.tasks import generate_split as craft_split
     from sera_core.envs.textworld.tasks import generate_split as world_split
     from sera_core.tiny.measure import measure
 
-    model = args.out or ASSETS
-    if not (Path(model) / "config.json").is_file():
-        raise CommandError(f"{model} holds no model (run `sera tiny build` first)")
-    per = args.tasks // 4
-    craft = craft_split("val")
-    by_level = {d: [t for t in craft if t["misc"]["difficulty"] == d][:per] for d in ("easy", "medium", "hard", "extreme")}
-    tasks = {"textcraft": [t for v in by_level.values() for t in v], "textworld": world_split("test")[:: 1400 // args.tasks]}
+    model = args.out or EMBEDDED
+    if not is_adapter(model):
+        raise CommandError(f"{model} holds no adapter (run `sera tiny build` first)")
+    craft, world = craft_split("val"), world_split("test")
+    tasks = {"textcraft": [t for d in ("easy", "medium") for t in [t for t in craft if t["misc"]["difficulty"] == d][:args.tasks]],
+             "textworld": [t for t in world if t["difficulty"] == "easy"][::max(1, 350 // args.tasks)][:args.tasks]}
     results = measure(model, tasks, groups=args.groups, progress=True)
     if args.record:
         manifest = read_manifest(model)
@@ -381,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", type=Path, required=True, help="JSONL task file")
     p.add_argument("--format", choices=["native", "official"], default="native", help="official task records")
     p.add_argument("--policy", default="expert",
-                   help="expert, hf:PATH (a local Hugging Face model folder) or vllm:PATH (GPU, [gpu] extra)")
+                   help="expert, tiny (the embedded SmolLM2-135M + LoRA policy), hf:PATH (a local model or adapter folder) or vllm:PATH (GPU, [gpu] extra)")
     p.add_argument("--counterfactual", type=int, default=0, metavar="B",
                    help="branches per counterfactual group at delegation points (0: off; the paper uses 8)")
     p.add_argument("--trees", type=int, default=1, help="rollouts per task")
@@ -407,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", type=Path, help="JSONL task file (e.g. `sera tasks --split val`)")
     p.add_argument("--format", choices=["native", "official"], default="native", help="official task records")
     p.add_argument("--policy", default="expert",
-                   help="expert, hf:PATH (a Hugging Face model folder or a `sera train` run/checkpoint) or vllm:PATH")
+                   help="expert, tiny (the embedded policy), hf:PATH (a model or adapter folder, or a `sera train` run/checkpoint) or vllm:PATH")
     p.add_argument("--seeds", type=int, default=1, help="runs over the tasks (seeds 0..N-1); mean and std over them")
     p.add_argument("--select", type=int, default=1, metavar="N", help="test-time selection: candidates per delegation")
     p.add_argument("--select-temperature", type=float, default=1.0, help="sampling temperature of selection candidates")
@@ -432,13 +435,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("figures"), help="output folder")
     p.set_defaults(func=cmd_tables)
 
-    p = sub.add_parser("tiny", help="build or measure the embedded tiny model")
+    p = sub.add_parser("tiny", help="build or measure the embedded policy (SmolLM2-135M-Instruct + LoRA warm start)")
     p.add_argument("action", choices=["build", "measure"])
-    p.add_argument("--small", action="store_true", help="build: the small test recipe (seconds)")
+    p.add_argument("--small", action="store_true", help="build: the small test recipe (a minute)")
     p.add_argument("--out", type=Path,
-                   help="build: output folder (default ~/.cache/sera/tiny/<recipe hash>); measure: the model folder "
-                        "(default: the shipped model)")
-    p.add_argument("--tasks", type=int, default=100, help="measure: tasks per benchmark (TextCraft: a quarter per level)")
+                   help="build: output folder (default ~/.cache/sera/embedded/<recipe hash>); measure: the adapter "
+                        "folder (default: the shipped one)")
+    p.add_argument("--tasks", type=int, default=20,
+                   help="measure: tasks per level (TextCraft val easy and medium, TextWorld test easy)")
     p.add_argument("--groups", type=int, default=8, help="measure: tasks played with counterfactual groups at temperature 1")
     p.add_argument("--record", action="store_true", help="measure: write the results into the model's manifest")
     p.set_defaults(func=cmd_tiny)

@@ -85,3 +85,61 @@ def test_bad_inputs_fail_clearly(policy):
     with pytest.raises(ValueError):
         SamplingParams(temperature=-1)
     assert policy.generate([], SamplingParams()) == []
+
+
+def test_kept_prefixes_give_the_same_greedy_tokens_as_recomputing(policy):
+    """Four turns of three conversations, each turn's prompt extending the last prompt and
+    completion (as the runtime's): the kept path feeds only the new tokens and writes the
+    same tokens as a policy that recomputes every prompt."""
+    plain = HFPolicy.from_model(policy.model, policy.tokenizer, prefix_cache_bytes=0)
+    policy.store.clear()
+    params = SamplingParams(temperature=0.0, max_new_tokens=9)
+    glue = policy.tokenizer.encode("<|im_end|>\n<|im_start|>user\nThe result was 3.<|im_end|>\n<|im_start|>assistant\n")
+    prompts = [prompt_of(policy, u) for u in ["Craft the following items: 3x a1_i5", "hi", "Craft 2x m3_i5_13"]]
+    for turn in range(4):
+        if turn:  # all but the glue and the last completion token are kept
+            kept = [policy.store.lookup(torch.tensor(p).numpy())[1] for p in prompts]
+            assert kept == [len(p) - len(glue) - 1 for p in prompts]
+        fast, slow = policy.generate(prompts, params), plain.generate(prompts, params)
+        assert [g.token_ids for g in fast] == [g.token_ids for g in slow]
+        assert [g.finish_reason for g in fast] == [g.finish_reason for g in slow]
+        for f, s in zip(fast, slow, strict=True):
+            assert f.logprobs == pytest.approx(s.logprobs, abs=1e-4)
+        prompts = [p + g.token_ids + glue for p, g in zip(prompts, fast, strict=True)]
+    assert len(plain.store.entries) == 0 and len(policy.store.entries) == 3  # one per conversation
+
+
+def test_a_fresh_prompt_reuses_a_shared_prefix_and_seeded_sampling_is_unchanged(policy):
+    plain = HFPolicy.from_model(policy.model, policy.tokenizer, prefix_cache_bytes=0)
+    system = {"role": "system", "content": "You are an agent. Craft the following items with python tools."}
+    first = policy.chat_prompt([system, {"role": "user", "content": "3x a1_i5"}])
+    second = policy.chat_prompt([system, {"role": "user", "content": "2x m3_i5_13"}])
+    params = SamplingParams(temperature=1.0, max_new_tokens=8, seed=11)
+    policy.generate([first], params)
+    shared = policy.store.lookup(torch.tensor(second).numpy())[1]
+    common = next(k for k, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
+    assert shared == common > len(first) // 2  # the system message's states are reused
+    assert policy.generate([second], params)[0].token_ids == plain.generate([second], params)[0].token_ids
+
+
+def test_weight_changes_empty_the_store_and_the_budget_holds(policy):
+    params = SamplingParams(temperature=0.0, max_new_tokens=6)
+    prompt = prompt_of(policy, "Craft the following items: 3x a1_i5")
+    policy.generate([prompt], params)
+    assert policy.store.entries
+    with torch.no_grad():
+        w = next(policy.model.parameters())
+        w.add_(0.5)  # an in-place update, as an optimizer step does
+        changed = policy.generate([prompt], params)[0]
+        w.sub_(0.5)
+    fresh = HFPolicy.from_model(policy.model, policy.tokenizer, prefix_cache_bytes=0)
+    with torch.no_grad():
+        w.add_(0.5)
+        expected = fresh.generate([prompt], params)[0]
+        w.sub_(0.5)
+    assert changed.token_ids == expected.token_ids and changed.logprobs == pytest.approx(expected.logprobs, abs=1e-5)
+    small = HFPolicy.from_model(policy.model, policy.tokenizer, prefix_cache_bytes=60_000)
+    for text in ("one", "two two", "three three three", "four four four four"):
+        small.generate([prompt_of(small, text)], params)
+        assert small.store.nbytes <= 60_000
+    assert 0 < len(small.store.entries) < 4

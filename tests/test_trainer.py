@@ -1,4 +1,4 @@
-"""The trainer end to end on the shipped tiny model: resume equivalence, refused checkpoints, a golden run."""
+"""The trainer end to end on the from-scratch tiny model: resume equivalence, refused checkpoints, a golden run."""
 
 from __future__ import annotations
 
@@ -9,11 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from sera_core.tiny.recipe import ASSETS
 from sera_core.train.config import CONFIGS, load_config
 from sera_core.train.trainer import METRICS, CheckpointError, Trainer
 from sera_core.utils.jsonio import write_jsonl
 
 GOLDEN = Path(__file__).parent / "golden" / "train_tiny.json"
+FIXTURE = ASSETS
+"""The from-scratch 1M-parameter model: a fast stand-in that pins the trainer's bookkeeping
+(the embedded policy, ``model: tiny``, is a 135M LoRA model: tests/test_embedded.py trains it)."""
 TIMES = {"seconds_generation", "seconds_environment", "seconds_update", "seconds"}
 FLOATS = {"loss", "grad_norm", "advantage_mean", "advantage_std", "reward_mean", "ratio_mean", "clip_fraction_low",
           "clip_fraction_high", "ranking_loss", "pairwise_accuracy", "root_success", "rubric_validity", "score_validity"}
@@ -32,7 +36,7 @@ def golden_config(tmp_path: Path, **overrides):
     tasks = tmp_path / "easy.jsonl"
     if not tasks.exists():
         write_jsonl(tasks, [t for t in generate_split("train") if t["misc"]["difficulty"] == "easy"][:6])
-    values = dict(tasks=str(tasks), tasks_per_step=1, trees_per_task=2, max_steps=4, checkpoint_every=1,
+    values = dict(model=str(FIXTURE), tasks=str(tasks), tasks_per_step=1, trees_per_task=2, max_steps=4, checkpoint_every=1,
                   schedule="execution:2,delegation:1,rubric_generation:1", counterfactual=4, fork_cap=8,
                   max_new_tokens=96, max_steps_per_agent=4, filter_zero_variance=False, out=str(tmp_path / "run"))
     values.update(overrides)

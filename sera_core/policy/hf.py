@@ -1,48 +1,71 @@
-"""The ``hf`` policy backend: a transformers causal LM with a KV cache, batched.
+"""The ``hf`` policy backend: a transformers causal LM with a reusable KV cache, batched.
 
-Prompts are left-padded into one batch; the first forward pass fills the KV cache,
-then every step feeds one token per sequence (finished sequences are fed padding and
-ignored). Sampling runs per sequence with its own ``torch.Generator`` seeded from
-``SamplingParams.seed``, so a sequence's sample does not depend on what else is in the
-batch; temperature 0 is greedy. Log-probabilities are log-softmax of the raw logits
-(see :mod:`sera_core.policy.base`). Stop strings are checked on the decoded tail of
-each sequence after every token.
+Generation
+    Every prompt of a batch is right-aligned in one block (left padding), run through
+    the model once to fill the key/value cache, then every step feeds one token per
+    sequence (finished sequences are fed padding and ignored). Sampling runs per
+    sequence with its own ``torch.Generator`` seeded from ``SamplingParams.seed``, so a
+    sequence's sample does not depend on what else is in the batch; temperature 0 is
+    greedy. Log-probabilities are log-softmax of the raw logits (see
+    :mod:`sera_core.policy.base`). Stop strings are checked on the decoded tail of each
+    sequence after every token.
+
+Reusing key/value states (``prefix_cache_bytes > 0``, the default)
+    An agent's next prompt is its previous prompt + completion + the next observation
+    (:mod:`sera_core.policy.chat`), and every agent of a benchmark starts with the same
+    system prompt. So after each call the policy keeps, per sequence, the key/value
+    states of every token it processed (:class:`PrefixStore`, least recently used
+    evicted beyond the byte budget), and a new prompt only runs its tokens past the
+    longest prefix it shares with a kept sequence: a turn prefills its new tokens, and a
+    fresh agent reuses the system prompt another agent processed. Kept states belong to
+    the weights they were computed with: any in-place change of a parameter (an optimizer
+    step, ``load_state_dict``) bumps torch's version counters and empties the store.
+    The cache of a call is preallocated to its final length (:class:`_PreallocatedLayer`),
+    so no step concatenates tensors. Greedy output is token-identical to recomputing
+    every prompt (tested), up to float rounding between batch shapes.
 
 Works on CPU (float32) and GPU (bfloat16 by default); the model and tokenizer come from
-a local directory (``save_pretrained`` format), never from a hub.
+a local model folder (a Hugging Face folder, or an adapter on its base:
+:mod:`sera_core.policy.models`), never from a hub.
 """
 
 from __future__ import annotations
 
 import inspect
 import os
+from collections import OrderedDict
 
+import numpy as np
 import torch
+from transformers.cache_utils import Cache, DynamicLayer
 
 from sera_core.policy.base import Generation, SamplingParams, per_prompt
+
+PREFIX_CACHE_BYTES = 2 << 30
+"""Default budget of kept key/value states (2 GiB: about 45,000 tokens of SmolLM2-135M in float32)."""
 
 
 class HFPolicy:
     """A local Hugging Face checkpoint as a :class:`~sera_core.policy.base.Policy`."""
 
-    def __init__(self, path: str | os.PathLike, *, device: str | None = None, dtype: torch.dtype | None = None):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+    def __init__(self, path: str | os.PathLike, *, device: str | None = None, dtype: torch.dtype | None = None,
+                 prefix_cache_bytes: int = PREFIX_CACHE_BYTES):
+        from sera_core.policy.models import load_model
 
-        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device).eval()
-        self._setup(model, AutoTokenizer.from_pretrained(str(path)))
+        model, tokenizer = load_model(path, device=device, dtype=dtype)
+        self._setup(model, tokenizer, prefix_cache_bytes)
 
     @classmethod
-    def from_model(cls, model, tokenizer) -> HFPolicy:
+    def from_model(cls, model, tokenizer, *, prefix_cache_bytes: int = PREFIX_CACHE_BYTES) -> HFPolicy:
         """A policy that generates with ``model`` itself (shared, not copied: the trainer's
-        updates are what the next rollouts sample from). Generation runs under
-        ``torch.no_grad`` in the model's current mode; the caller keeps it in eval mode."""
+        updates are what the next rollouts sample from, and they empty the prefix store).
+        Generation runs under ``torch.no_grad`` in the model's current mode; the caller
+        keeps it in eval mode."""
         policy = cls.__new__(cls)
-        policy._setup(model, tokenizer)
+        policy._setup(model, tokenizer, prefix_cache_bytes)
         return policy
 
-    def _setup(self, model, tokenizer) -> None:
+    def _setup(self, model, tokenizer, prefix_cache_bytes: int) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.device = next(model.parameters()).device
         eos = self.model.generation_config.eos_token_id
@@ -51,8 +74,11 @@ class HFPolicy:
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else min(self.eos_ids))
         # transformers 5.2x renamed the KV-cache argument and output from past_key_values to cache
-        params = inspect.signature(self.model.forward).parameters
+        inner = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model  # peft
+        params = inspect.signature(inner.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self.store = PrefixStore(prefix_cache_bytes)
+        self._weights_version: int | None = None
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
         ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
@@ -65,37 +91,63 @@ class HFPolicy:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Generation]:
-        """Batched generation with a KV cache (see the module docstring)."""
+        """Batched generation reusing kept key/value states (see the module docstring)."""
         ps = per_prompt(params, len(prompts))
         n = len(prompts)
         if n == 0:
             return []
         if any(not p for p in prompts):
             raise ValueError("every prompt needs at least one token")
-        width = max(len(p) for p in prompts)
+        version = sum(p._version for p in self.model.parameters())
+        if version != self._weights_version:
+            self.store.clear()
+            self._weights_version = version
+        arrays = [np.asarray(p, dtype=np.int64) for p in prompts]
+        found = [self.store.lookup(a) for a in arrays]
+        # one block of the last `width` tokens of every prompt; what precedes it comes from the store
+        width = max(len(a) - reused for a, (_, reused) in zip(arrays, found, strict=True))
+        kept = [max(0, len(a) - width) for a in arrays]
+        past_len = max(kept)
+        layers = self.model.config.num_hidden_layers
+        capacity = past_len + width + max(p.max_new_tokens for p in ps)
+        cache = _Buffers.allocate(self.model, layers, n, capacity, self.device)
+
         ids = torch.full((n, width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((n, width), dtype=torch.long)
-        for i, prompt in enumerate(prompts):
-            ids[i, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-            attention[i, width - len(prompt):] = 1
-        ids, attention = ids.to(self.device), attention.to(self.device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True)
-        past, logits = getattr(out, self._cache_arg), out.logits[:, -1, :]
+        attention = torch.zeros((n, past_len + width), dtype=torch.long)
+        positions = torch.zeros((n, width), dtype=torch.long)
+        for i, a in enumerate(arrays):
+            block = a[kept[i]:]
+            ids[i, width - len(block):] = torch.from_numpy(block)
+            positions[i, width - len(block):] = torch.arange(kept[i], len(a))
+            attention[i, past_len + width - len(a):] = 1  # the row's tokens end at the last column
+            if kept[i]:
+                entry = found[i][0]
+                cache.keys[:, i, :, past_len - kept[i]:past_len] = entry.keys[:, :, :kept[i]]
+                cache.values[:, i, :, past_len - kept[i]:past_len] = entry.values[:, :, :kept[i]]
+        ids, attention, positions = ids.to(self.device), attention.to(self.device), positions.to(self.device)
+        past = cache.as_cache(past_len)
+        out = self.model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True,
+                         **{self._cache_arg: past})
+        logits = out.logits[:, -1, :]
         generators = [torch.Generator().manual_seed(p.seed) if p.seed is not None else None for p in ps]
+        greedy = all(p.temperature == 0 for p in ps)
         tokens: list[list[int]] = [[] for _ in range(n)]
         logprobs: list[list[float]] = [[] for _ in range(n)]
         reasons: list[str | None] = [None] * n
         stops: list[str | None] = [None] * n
         next_pos = positions[:, -1] + 1
+        mask = torch.ones((n, capacity), dtype=torch.long, device=self.device)
+        mask[:, :past_len + width] = attention
+        steps = 0
         for _ in range(max(p.max_new_tokens for p in ps)):
             logp = torch.log_softmax(logits.float(), dim=-1).cpu()
+            picked = torch.argmax(logp, dim=-1).tolist() if greedy else None
             feed = []
             for i in range(n):
                 if reasons[i] is not None:
                     feed.append(self.pad_id)
                     continue
-                token = _sample(logits[i].float().cpu(), ps[i], generators[i])
+                token = picked[i] if greedy else _sample(logits[i].float().cpu(), ps[i], generators[i])
                 tokens[i].append(token)
                 logprobs[i].append(float(logp[i, token]))
                 if token in self.eos_ids:
@@ -107,11 +159,17 @@ class HFPolicy:
                 feed.append(token)
             if all(r is not None for r in reasons):
                 break
-            attention = torch.cat([attention, torch.ones((n, 1), dtype=torch.long, device=self.device)], dim=1)
-            out = self.model(input_ids=torch.tensor(feed, device=self.device)[:, None], attention_mask=attention,
-                             position_ids=next_pos[:, None], use_cache=True, **{self._cache_arg: past})
-            past, logits = getattr(out, self._cache_arg), out.logits[:, -1, :]
+            steps += 1
+            out = self.model(input_ids=torch.tensor(feed, device=self.device)[:, None],
+                             attention_mask=mask[:, :past_len + width + steps], position_ids=next_pos[:, None],
+                             use_cache=True, **{self._cache_arg: past})
+            logits = out.logits[:, -1, :]
             next_pos = next_pos + 1
+        if self.store.budget > 0:
+            for i, a in enumerate(arrays):  # keep each sequence: its prompt and all but its last token
+                start, end = past_len + width - len(a), past_len + width + len(tokens[i]) - 1
+                self.store.add(np.concatenate([a, np.asarray(tokens[i][:-1], dtype=np.int64)]),
+                               cache.keys[:, i, :, start:end], cache.values[:, i, :, start:end])
         return [Generation(tokens[i], logprobs[i], self.decode(tokens[i]), reasons[i] or "length", stops[i])
                 for i in range(n)]
 
@@ -124,6 +182,107 @@ class HFPolicy:
             if s in tail and s not in last:
                 return s
         return None
+
+
+class _Buffers:
+    """The key/value tensors of one call, preallocated: ``keys``/``values`` are
+    ``(layers, batch, kv_heads, capacity, head_dim)``."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        self.keys, self.values = keys, values
+
+    @classmethod
+    def allocate(cls, model, layers: int, n: int, capacity: int, device) -> _Buffers:
+        cfg = model.config
+        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        dtype = next(model.parameters()).dtype
+        shape = (layers, n, heads, capacity, head_dim)
+        return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+
+    def as_cache(self, length: int):
+        """A transformers ``Cache`` over these buffers, holding ``length`` positions already."""
+        return Cache(layers=[_PreallocatedLayer(self.keys[i], self.values[i], length) for i in range(len(self.keys))])
+
+
+class _PreallocatedLayer(DynamicLayer):
+    """A cache layer over preallocated ``(batch, heads, capacity, head_dim)`` buffers:
+    ``update`` writes the new positions in place and returns views of the filled part
+    (a ``DynamicLayer`` concatenates, copying the whole cache every step)."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int):
+        super().__init__()
+        self._k, self._v, self.length = keys, values, length
+        self.device, self.is_initialized = keys.device, True
+        self.keys, self.values = keys[:, :, :length], values[:, :, :length]
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        end = self.length + key_states.shape[-2]
+        if end > self._k.shape[-2]:
+            raise RuntimeError(f"KV cache capacity {self._k.shape[-2]} exceeded")
+        self._k[:, :, self.length:end] = key_states
+        self._v[:, :, self.length:end] = value_states
+        self.length = end
+        self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+
+class _Entry:
+    __slots__ = ("tokens", "keys", "values", "nbytes")
+
+    def __init__(self, tokens: np.ndarray, keys: torch.Tensor, values: torch.Tensor):
+        self.tokens, self.keys, self.values = tokens, keys, values
+        self.nbytes = keys.numel() * keys.element_size() * 2
+
+
+class PrefixStore:
+    """Key/value states of processed sequences, kept for reuse as prompt prefixes.
+
+    Each entry holds a token sequence and its states ``(layers, kv_heads, length,
+    head_dim)``; :meth:`lookup` returns the entry sharing the longest prefix with a
+    prompt (at most ``len(prompt) - 1`` tokens, so at least one token is run and gives
+    the next-token logits). Least recently used entries are dropped beyond ``budget``
+    bytes; an entry that is a prefix of a newly added one is dropped at once."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.entries: OrderedDict[int, _Entry] = OrderedDict()
+        self.nbytes = 0
+        self._next = 0
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.nbytes = 0
+
+    def lookup(self, prompt: np.ndarray) -> tuple[_Entry | None, int]:
+        best, best_len = None, 0
+        for key, entry in self.entries.items():
+            m = min(len(entry.tokens), len(prompt) - 1)
+            if m <= best_len:
+                continue
+            differ = np.flatnonzero(entry.tokens[:m] != prompt[:m])
+            common = int(differ[0]) if len(differ) else m
+            if common > best_len:
+                best, best_len, best_key = entry, common, key
+        if best is not None:
+            self.entries.move_to_end(best_key)
+        return best, best_len
+
+    def add(self, tokens: np.ndarray, keys: torch.Tensor, values: torch.Tensor) -> None:
+        entry = _Entry(tokens, keys.clone(), values.clone())
+        if entry.nbytes > self.budget:
+            return
+        for key in [k for k, e in self.entries.items()
+                    if len(e.tokens) <= len(tokens) and np.array_equal(e.tokens, tokens[:len(e.tokens)])]:
+            self.nbytes -= self.entries.pop(key).nbytes
+        self.entries[self._next] = entry
+        self._next += 1
+        self.nbytes += entry.nbytes
+        while self.nbytes > self.budget:
+            self.nbytes -= self.entries.popitem(last=False)[1].nbytes
 
 
 def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:

@@ -6,7 +6,8 @@
   ``<python>`` block whose code parses; TextWorld: exactly one valid block);
 * ``rubric_validity`` / ``score_validity``: rubrics that parse (4-8 items, ...) over
   rubrics written; scores that parse over scoring calls made;
-* ``success``: root success per benchmark and difficulty.
+* ``success``: root success per benchmark and difficulty;
+* ``delegating_tasks``: per difficulty, the share of tasks whose tree has a child.
 
 With ``groups > 0`` it also plays that many tasks at temperature 1 with counterfactual
 groups of 8 and reports ``mixed_groups`` (the share of groups with both outcomes: the
@@ -51,8 +52,10 @@ def _figures(rollouts: list, env: str) -> dict[str, Any]:
     scores = summary["scores"]
     calls = scores["scored"] + scores["malformed"]
     by: dict[str, list[float]] = defaultdict(list)
+    delegated: dict[str, list[bool]] = defaultdict(list)
     for r in rollouts:
         by[str(r.tree.meta.get("difficulty"))].append(r.tree.root_reward or 0.0)
+        delegated[str(r.tree.meta.get("difficulty"))].append(len(r.tree.nodes) > 1)
     return {
         "tasks": len(rollouts),
         "well_formed": round(fmean([well_formed(t.text, env) for t in acts]), 4) if acts else None,
@@ -60,6 +63,7 @@ def _figures(rollouts: list, env: str) -> dict[str, Any]:
         "rubric_validity": summary["rubrics"]["validity"],
         "score_validity": round(scores["scored"] / calls, 4) if calls else None,
         "success": {d: round(fmean(v), 4) for d, v in sorted(by.items())},
+        "delegating_tasks": {d: round(fmean(v), 4) for d, v in sorted(delegated.items())},
     }
 
 
@@ -67,7 +71,7 @@ def measure(model: str | os.PathLike, tasks: dict[str, list[dict]], *, groups: i
             max_batch: int = 64, progress: bool = False) -> dict[str, Any]:
     """Figures of ``model`` on ``tasks`` (``{"textcraft": [...], "textworld": [...]}``);
     ``progress`` shows a progress bar per run."""
-    policy = HFPolicy(model)
+    policy = HFPolicy(model)  # a model or adapter folder (the embedded policy is an adapter)
     out: dict[str, Any] = {}
     for env, env_tasks in tasks.items():
         greedy = RuntimeConfig(temperature=0.0, rubric_temperature=0.0, seed=seed)

@@ -7,7 +7,8 @@ The loop
     ``q(s) = min(1, 0.25 + 0.75 * s / (0.5 * steps))`` is eligible (all with
     ``curriculum=False``). The batch is right-padded (:func:`build_batch`), run through
     the model under Hugging Face Accelerate (CPU or GPU, optional bf16 autocast) and
-    trained with AdamW, gradient-norm clipping and a linear warm-up then cosine decay of
+    trained with AdamW (on the parameters that require gradients: all of them, or a
+    LoRA adapter's), gradient-norm clipping and a linear warm-up then cosine decay of
     the learning rate to ``min_lr_ratio * lr``. One process: the same code runs on CPU
     and on one GPU.
 
@@ -19,7 +20,8 @@ The loss (:func:`sft_loss`)
         loss = sum_{(i,t) in C} w_i * CE(z[i, t], y[i, t + 1]) / sum_{(i,t) in C} w_i
 
     a weighted token mean over the whole batch (a long completion counts more than a
-    short one). A completion's first token is learnt only when some prompt precedes it.
+    short one). The loop computes it with :func:`chunked_sft_loss`, which never holds the
+    full ``(B, T, V)`` logits (for a 49k vocabulary they dominate memory). A completion's first token is learnt only when some prompt precedes it.
     A packed sample (:attr:`Sample.learn`) learns its earlier completions too: the same
     tokens in the same contexts as one sample per turn, for one forward pass instead of
     one per turn.
@@ -55,11 +57,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from accelerate import Accelerator
-from safetensors.torch import load_model, save_model
 from tqdm.auto import tqdm
 
 from sera_core.utils.folders import swap_in
+from sera_core.utils.weights import load_trained, save_trained
 from sera_core.utils.seeding import derive_seed
 
 IGNORE = -100
@@ -204,6 +207,41 @@ def sft_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) 
     return (w * nll).sum() / w.sum().clamp_min(torch.finfo(w.dtype).tiny)
 
 
+def causal_lm_parts(model) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """``(decoder, lm_head)`` of a Hugging Face causal LM, through Accelerate's and
+    peft's wrappers: the decoder maps ids to final hidden states ``(B, T, H)``, the head
+    maps hidden states to vocabulary logits."""
+    inner = getattr(model, "module", model)  # DistributedDataParallel
+    if hasattr(inner, "get_base_model"):  # peft.PeftModel (LoRA layers are inside the base model)
+        inner = inner.get_base_model()
+    return inner.get_decoder(), inner.get_output_embeddings()
+
+
+def chunked_sft_loss(model, batch: dict[str, torch.Tensor], chunk: int = 1024) -> torch.Tensor:
+    """:func:`sft_loss` of ``model`` on ``batch`` without full-vocabulary logits.
+
+    The same value (up to float rounding) as ``sft_loss(model(...).logits, labels, weights)``,
+    but the head runs only on the hidden states of learnt positions (``N`` of them), in
+    chunks of ``chunk`` rows, each under activation checkpointing: the largest vocabulary
+    tensor alive is ``(chunk, V)`` float32 instead of ``(B, T, V)`` (for SmolLM2's 49,152
+    tokens at 2 x 1,536 positions that is 200 MB instead of 600 MB, plus its gradient).
+    """
+    decoder, head = causal_lm_parts(model)
+    hidden = decoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+    targets = batch["labels"][:, 1:]
+    learnt = targets != IGNORE
+    h, y = hidden[:, :-1][learnt], targets[learnt]  # (N, H), (N,)
+    w = batch["weights"][:, None].expand_as(targets)[learnt].to(torch.float32)
+
+    def nll(h_chunk: torch.Tensor, y_chunk: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(head(h_chunk).float(), y_chunk, reduction="none")
+
+    parts = [torch.utils.checkpoint.checkpoint(nll, h[a:a + chunk], y[a:a + chunk], use_reentrant=False)
+             if torch.is_grad_enabled() else nll(h[a:a + chunk], y[a:a + chunk]) for a in range(0, len(y), chunk)]
+    total = (w * torch.cat(parts)).sum() if parts else hidden.sum() * 0.0
+    return total / w.sum().clamp_min(torch.finfo(w.dtype).tiny)
+
+
 def lr_factor(t: int, cfg: SFTConfig) -> float:
     """Multiplier of ``cfg.lr`` at optimizer step ``t`` (0-based): linear warm-up, then cosine."""
     if t < cfg.warmup_steps:
@@ -233,7 +271,7 @@ def _save_checkpoint(out: Path, model, optimizer, scheduler, state: dict) -> Non
     tmp = out / "checkpoint.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    save_model(model, str(tmp / "model.safetensors"))  # drops the tied lm_head copy of the embeddings
+    save_trained(model, tmp / "model.safetensors")  # the whole model, or an adapter's weights only
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     (tmp / "state.json").write_text(json.dumps(state, indent=1))
@@ -265,7 +303,7 @@ def train_sft(model, samples: Sequence[Sample], cfg: SFTConfig, out_dir: str | o
     out.mkdir(parents=True, exist_ok=True)
     config, digest = json.loads(json.dumps(asdict(cfg))), samples_sha256(samples)
     accelerator = Accelerator(mixed_precision=cfg.mixed_precision)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: lr_factor(t, cfg))
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     state = {"step": 0, "window_sum": 0.0, "window_n": 0, "first_loss": None, "final_loss": None, "tokens": 0, "seconds": 0.0}
@@ -277,7 +315,7 @@ def train_sft(model, samples: Sequence[Sample], cfg: SFTConfig, out_dir: str | o
         if problems:
             raise ValueError(f"cannot resume from {ckpt}: it was written with different {' and '.join(problems)}; "
                              "pass resume=False or another out_dir")
-        load_model(accelerator.unwrap_model(model), ckpt / "model.safetensors", device=str(accelerator.device))
+        load_trained(accelerator.unwrap_model(model), ckpt / "model.safetensors", accelerator.device)
         optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", map_location=accelerator.device))
         scheduler.load_state_dict(torch.load(ckpt / "scheduler.pt"))
         state = {k: saved[k] for k in state}
@@ -293,8 +331,8 @@ def train_sft(model, samples: Sequence[Sample], cfg: SFTConfig, out_dir: str | o
         batch = build_batch([samples[i] for i in batch_indices(order, s, cfg)], pad_id, cfg.max_len)
         n_tokens = int((batch["labels"][:, 1:] != IGNORE).sum())
         batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        loss = sft_loss(logits, batch["labels"], batch["weights"])
+        with accelerator.autocast():
+            loss = chunked_sft_loss(model, batch)
         accelerator.backward(loss)
         accelerator.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()

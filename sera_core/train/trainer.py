@@ -106,13 +106,10 @@ class TimedPolicy:
 
 def model_path(cfg: TrainConfig | str) -> Path:
     """The folder of the starting model of ``cfg`` (or of a ``model`` setting; ``tiny``:
-    the shipped embedded model)."""
-    model = cfg if isinstance(cfg, str) else cfg.model
-    if model == "tiny":
-        from sera_core.tiny.recipe import ASSETS
+    the shipped embedded policy, an adapter folder: :mod:`sera_core.policy.models`)."""
+    from sera_core.policy.models import model_folder
 
-        return ASSETS
-    return Path(model)
+    return model_folder(cfg if isinstance(cfg, str) else cfg.model)
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
@@ -136,18 +133,19 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
 def checkpoint_policy(path: str | os.PathLike):
     """An :class:`~sera_core.policy.hf.HFPolicy` of a trained checkpoint (``RUN/checkpoint``
     or the run folder ``RUN``): the run's starting model (architecture, tokenizer) with the
-    checkpoint's weights, after :func:`read_checkpoint`'s checks."""
-    from safetensors.torch import load_model
-
+    checkpoint's trained weights (an adapter's merged into its base), after
+    :func:`read_checkpoint`'s checks."""
     from sera_core.policy.hf import HFPolicy
+    from sera_core.policy.models import load_model, merged
+    from sera_core.utils.weights import load_trained
 
     path = Path(path)
     if not (path / "state.json").exists() and (path / "checkpoint" / "state.json").exists():
         path = path / "checkpoint"
     state = read_checkpoint(path)
-    policy = HFPolicy(model_path(state["config"]["model"]))
-    load_model(policy.model, str(path / "model.safetensors"), device=str(policy.device))
-    return policy
+    model, tokenizer = load_model(model_path(state["config"]["model"]), trainable=True)
+    load_trained(model, path / "model.safetensors")
+    return HFPolicy.from_model(merged(model).eval(), tokenizer)
 
 
 def export_checkpoint(path: str | os.PathLike, out: str | os.PathLike) -> Path:
@@ -193,19 +191,19 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, *, progress: bool = True):
         from accelerate import Accelerator
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from sera_core.policy.models import load_model
 
         self.cfg, self.progress = cfg, progress
         self.out = Path(cfg.out)
         self.stages = StageController(cfg.schedule)
         self.accelerator = Accelerator(mixed_precision=cfg.mixed_precision, cpu=not torch.cuda.is_available())
         path = model_path(cfg)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"model {path} holds no Hugging Face model (config.json)")
-        self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         torch.manual_seed(derive_seed(cfg.seed, "init"))
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        # a Hugging Face folder trains every parameter; an adapter folder (``tiny``) its LoRA matrices
+        model, self.tokenizer = load_model(path, trainable=True, device="cpu", dtype=torch.float32)
+        trained = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trained, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.policy = self._policy(path)
         self.tasks = load_tasks(cfg)
@@ -412,14 +410,14 @@ class Trainer:
     # -- checkpoints -------------------------------------------------------------------
     def save(self) -> Path:
         """Write ``out/checkpoint`` atomically (module docstring)."""
-        from safetensors.torch import save_model
+        from sera_core.utils.weights import save_trained
 
         self.accelerator.wait_for_everyone()
         final, tmp = self.out / "checkpoint", self.out / "checkpoint.tmp"
         if self.accelerator.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
-            save_model(self.accelerator.unwrap_model(self.model), str(tmp / "model.safetensors"))
+            save_trained(self.accelerator.unwrap_model(self.model), tmp / "model.safetensors")
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
             files = {name: _sha256(tmp / name) for name in ("model.safetensors", "optimizer.pt")}
             state = {"version": self.version, "config": self.cfg.to_json(), "counters": self.counters, "files": files}
@@ -430,14 +428,14 @@ class Trainer:
 
     def load(self, path: Path) -> None:
         """Restore a checkpoint written by :meth:`save`, after checking it is whole and ours."""
-        from safetensors.torch import load_model
+        from sera_core.utils.weights import load_trained
 
         state = read_checkpoint(path)
         mine, theirs = self.cfg.to_json(), state["config"]
         changed = sorted(k for k in mine if k not in ("max_steps", "checkpoint_every") and mine[k] != theirs.get(k))
         if changed:
             raise CheckpointError(f"{path}: written with another config (differs in {', '.join(changed)})")
-        load_model(self.accelerator.unwrap_model(self.model), str(path / "model.safetensors"))
+        load_trained(self.accelerator.unwrap_model(self.model), path / "model.safetensors")
         self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
         self.version, self.counters = state["version"], dict(state["counters"])
 
@@ -469,7 +467,10 @@ def plan(cfg: TrainConfig) -> dict[str, Any]:
 
 def _parameter_count(cfg: TrainConfig) -> int | None:
     """Parameters of the model from its config.json (None if the folder is not there yet)."""
-    path = model_path(cfg) / "config.json"
+    from sera_core.policy.models import config_file
+
+    folder = model_path(cfg)
+    path = config_file(folder) if folder.is_dir() else folder / "config.json"
     if not path.is_file():
         return 4_022_468_096 if "Qwen3-4B" in cfg.model else None  # Qwen3-4B-Instruct-2507
     c = json.loads(path.read_text())

