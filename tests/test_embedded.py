@@ -168,6 +168,8 @@ def test_sera_train_on_an_adapter_trains_and_checkpoints_only_the_adapter(adapte
     resumed = Trainer(cfg, progress=False)
     resumed.load(tmp_path / "run" / "checkpoint")
     assert all(torch.equal(p, after[n].detach()) for n, p in resumed.model.named_parameters())
+    rollout_weights = resumed.policy.model.state_dict()  # the rollouts sample from the loaded adapter
+    assert all(torch.allclose(v, merged(trainer.model).state_dict()[k], atol=1e-6) for k, v in rollout_weights.items())
     policy = checkpoint_policy(tmp_path / "run")  # base + trained adapter, merged
     expected = merged(trainer.model)
     assert all(torch.allclose(v, expected.state_dict()[k], atol=1e-6) for k, v in policy.model.state_dict().items())

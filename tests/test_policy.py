@@ -143,3 +143,22 @@ def test_weight_changes_empty_the_store_and_the_budget_holds(policy):
         small.generate([prompt_of(small, text)], params)
         assert small.store.nbytes <= 60_000
     assert 0 < len(small.store.entries) < 4
+
+
+def test_a_batch_of_fresh_agents_runs_its_shared_system_prompt_once(policy):
+    plain = HFPolicy.from_model(policy.model, policy.tokenizer, prefix_cache_bytes=0)
+    policy.store.clear()
+    system = {"role": "system", "content": "You are an agent. Craft the following items with python tools. " * 3}
+    prompts = [policy.chat_prompt([system, {"role": "user", "content": g}]) for g in ("3x a1_i5", "2x m3_i5_13", "hi")]
+    params = SamplingParams(temperature=0.0, max_new_tokens=6)
+    shapes = []
+    hook = policy.model.register_forward_pre_hook(lambda m, a, kw: shapes.append(tuple(kw["input_ids"].shape)),
+                                                  with_kwargs=True)
+    fast = policy.generate(prompts, params)
+    hook.remove()
+    shared = next(k for k, col in enumerate(zip(*prompts, strict=False)) if len(set(col)) > 1)
+    assert shapes[0] == (1, shared + 1)  # the shared prefix, once
+    assert shapes[1] == (3, max(map(len, prompts)) - shared)  # then only what follows it
+    assert [g.token_ids for g in fast] == [g.token_ids for g in plain.generate(prompts, params)]
+    assert len(policy.store.entries) == 3  # the shared prefix's entry was superseded by the three sequences
+

@@ -17,7 +17,8 @@ Reusing key/value states (``prefix_cache_bytes > 0``, the default)
     states of every token it processed (:class:`PrefixStore`, least recently used
     evicted beyond the byte budget), and a new prompt only runs its tokens past the
     longest prefix it shares with a kept sequence: a turn prefills its new tokens, and a
-    fresh agent reuses the system prompt another agent processed. Kept states belong to
+    fresh agent reuses the system prompt another agent processed (a batch of fresh agents
+    runs its shared prefix once, then reuses it). Kept states belong to
     the weights they were computed with: any in-place change of a parameter (an optimizer
     step, ``load_state_dict``) bumps torch's version counters and empties the store.
     The cache of a call is preallocated to its final length (:class:`_PreallocatedLayer`),
@@ -41,6 +42,9 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from sera_core.policy.base import Generation, SamplingParams, per_prompt
 
+SHARED_PREFIX_MIN = 32
+"""A batch whose prompts share this many more tokens than the store holds runs the shared
+prefix once first (a system prompt read by a batch of fresh agents)."""
 PREFIX_CACHE_BYTES = 2 << 30
 """Default budget of kept key/value states (2 GiB: about 45,000 tokens of SmolLM2-135M in float32)."""
 
@@ -104,6 +108,11 @@ class HFPolicy:
             self._weights_version = version
         arrays = [np.asarray(p, dtype=np.int64) for p in prompts]
         found = [self.store.lookup(a) for a in arrays]
+        shared = _common_prefix(arrays) if n > 1 and self.store.budget > 0 else 0
+        if shared - max(reused for _, reused in found) >= SHARED_PREFIX_MIN:
+            # fresh agents with one system prompt: run it once, keep it, and let every prompt reuse it
+            self.generate([prompts[0][:shared + 1]], SamplingParams(temperature=0.0, max_new_tokens=1))
+            found = [self.store.lookup(a) for a in arrays]
         # one block of the last `width` tokens of every prompt; what precedes it comes from the store
         width = max(len(a) - reused for a, (_, reused) in zip(arrays, found, strict=True))
         kept = [max(0, len(a) - width) for a in arrays]
@@ -283,6 +292,14 @@ class PrefixStore:
         self.nbytes += entry.nbytes
         while self.nbytes > self.budget:
             self.nbytes -= self.entries.popitem(last=False)[1].nbytes
+
+
+def _common_prefix(arrays: list[np.ndarray]) -> int:
+    """Length of the longest prefix all ``arrays`` share (at most the shortest length - 1)."""
+    m = min(len(a) for a in arrays) - 1
+    first = arrays[0][:m]
+    differ = [np.flatnonzero(a[:m] != first) for a in arrays[1:]]
+    return min([int(d[0]) if len(d) else m for d in differ] or [m])
 
 
 def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:

@@ -218,8 +218,11 @@ class Trainer:
 
             return VLLMPolicy(path, gpu_memory_utilization=0.35)
         from sera_core.policy.hf import HFPolicy
+        from sera_core.policy.models import merged
 
-        return HFPolicy.from_model(self.accelerator.unwrap_model(self.model), self.tokenizer)
+        # a plain model is shared (updates are what the next rollouts sample from); an adapter
+        # is merged into a copy of its base (plain layers generate faster), re-made after each update
+        return HFPolicy.from_model(merged(self.accelerator.unwrap_model(self.model)).eval(), self.tokenizer)
 
     def _external(self):
         if "external" not in (self.cfg.rubric_writer, self.cfg.scorer):
@@ -303,6 +306,8 @@ class Trainer:
         model.eval()
         if cfg.backend == "vllm":
             self.policy.load_weights(self.accelerator.get_state_dict(self.model))
+        elif hasattr(model, "merge_and_unload"):  # an adapter: merge the updated matrices again
+            self.policy = self._policy(model_path(cfg))
         t_update = time.perf_counter() - t1
         self.version += 1
         return self._metrics(v, stage, rollouts, adv, filtered, stats, float(grad_norm), timed.seconds,
@@ -438,6 +443,8 @@ class Trainer:
         load_trained(self.accelerator.unwrap_model(self.model), path / "model.safetensors")
         self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
         self.version, self.counters = state["version"], dict(state["counters"])
+        if hasattr(self.accelerator.unwrap_model(self.model), "merge_and_unload"):
+            self.policy = self._policy(model_path(self.cfg))  # rollouts from the loaded adapter, not the initial one
 
 
 def plan(cfg: TrainConfig) -> dict[str, Any]:
