@@ -71,7 +71,7 @@ class EvalConfig:
     concurrency: int = 16
     """Tasks played at once (their model calls are batched together)."""
     label: str = ""
-    """What was evaluated, model and scale (e.g. ``tiny (1.04M, CPU), SERA tiny run``): the report's row name."""
+    """What was evaluated, model and scale (e.g. ``SmolLM2-135M + LoRA (CPU), SERA tiny run``): the report's row name."""
     method: str | None = None
     """The method row it stands for (``sera``, ``rao``, ...), if any."""
     policy: str = ""

@@ -5,7 +5,7 @@
 ``summary.json`` files (another tool's) are skipped. Of each it reads::
 
     env            "textcraft" | "textworld"
-    label          non-empty text naming model and scale ("tiny (1.04M params, CPU) - SERA tiny run")
+    label          non-empty text naming model and scale ("SmolLM2-135M + LoRA (CPU) - SERA tiny run")
     method         a method config name ("sera", "rao", ...) or null
     average        {"mean": %, "std": % | null, "n": seeds}
     by_difficulty  {difficulty: {"mean", "std", "n"}}   (some or all of easy..extreme)
