@@ -61,8 +61,19 @@ Measured results are in `manifest.json` (`results`).
 WARMUP_STEPS, SFT_STEPS = 3000, 1300
 
 
+class Hashed:
+    """A dataclass recipe named by its settings: ``to_json`` and ``config_hash``."""
+
+    def to_json(self) -> dict[str, Any]:
+        return json.loads(json.dumps(asdict(self)))
+
+    def config_hash(self) -> str:
+        """sha256 of the recipe's settings (the first 16 hex digits name a build)."""
+        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:16]
+
+
 @dataclass(frozen=True)
-class TinyRecipe:
+class TinyRecipe(Hashed):
     """Everything that determines the built model."""
 
     vocab_size: int = 4096
@@ -87,13 +98,6 @@ class TinyRecipe:
     """The imitation loop."""
     seed: int = 0
     """Seed of the model's initial weights."""
-
-    def to_json(self) -> dict[str, Any]:
-        return json.loads(json.dumps(asdict(self)))
-
-    def config_hash(self) -> str:
-        """sha256 of the recipe's settings (the first 16 hex digits name a build)."""
-        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:16]
 
 
 SMALL = TinyRecipe(

@@ -30,14 +30,12 @@ gives bit-identical adapter weights on the same machine.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -46,7 +44,7 @@ from sera_core.policy.base_model import BASE_NAME, GGUF_SHA256, base_model_folde
 from sera_core.policy.base_model import sha256_file as _sha256
 from sera_core.policy.models import EMBEDDED
 from sera_core.tiny.demos import DemoConfig, demonstrations
-from sera_core.tiny.recipe import _machine
+from sera_core.tiny.recipe import Hashed, _machine
 from sera_core.tiny.sft import SFTConfig, train_sft
 from sera_core.utils.folders import swap_in
 
@@ -71,7 +69,7 @@ class LoraSettings:
 
 
 @dataclass(frozen=True)
-class WarmStartRecipe:
+class WarmStartRecipe(Hashed):
     """Everything that determines the shipped adapter (its hash names the build)."""
 
     demos: DemoConfig = field(default_factory=lambda: DemoConfig(textcraft_worlds=60, textworld_tasks=40, noisy_every=3))
@@ -84,13 +82,6 @@ class WarmStartRecipe:
     """The imitation loop (float32 on CPU: bf16 autocast measured slower there)."""
     seed: int = 0
     """Seed of the adapter's initial weights."""
-
-    def to_json(self) -> dict[str, Any]:
-        return json.loads(json.dumps(asdict(self)))
-
-    def config_hash(self) -> str:
-        """sha256 of the recipe's settings (the first 16 hex digits name a build)."""
-        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:16]
 
 
 SMALL_WARMSTART = WarmStartRecipe(
