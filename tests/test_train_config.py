@@ -134,3 +134,16 @@ def test_rollout_settings_are_the_configs_own():
     assert (greedy.counterfactual, greedy.seed, greedy.temperature, greedy.rubric_temperature) == (0, 3, 0.0, 0.0)
     with pytest.raises(TypeError):
         cfg.rollout_settings(not_a_field=1)
+
+
+def test_the_training_pool_filters_by_difficulty_and_the_plan_shows_it():
+    from sera_core.train.trainer import load_tasks, plan
+
+    full = load_config("textcraft/sera_full.yaml")
+    assert full.difficulties == ("medium",)
+    pool = load_tasks(full)
+    assert len(pool) == 852 and {t["misc"]["difficulty"] for t in pool} == {"medium"}  # SPEC 3
+    assert plan(full)["task_pool"] == {"tasks": "train", "difficulties": ["medium"], "size": 852}
+    assert len(load_tasks(full.replace(difficulties=None))) == 2522
+    with pytest.raises(ConfigError, match="difficulties"):
+        load_config("textcraft/sera_full.yaml", difficulties=["trivial"])

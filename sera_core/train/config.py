@@ -54,6 +54,9 @@ class TrainConfig:
     (a vLLM engine whose weights are replaced after every update; GPU only)."""
     tasks: str = "train"
     """A generated split (``train``, ``val``, ``test``) or a JSONL task file."""
+    difficulties: tuple[str, ...] | None = None
+    """The training pool: only root tasks of these difficulties (``null``: every task of
+    ``tasks``). The paper trains TextCraft on the 852 medium train tasks (SPEC 3)."""
     task_format: str = "native"
     """``native`` or ``official`` task records (a task file only)."""
     tasks_per_step: int = 8
@@ -226,6 +229,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     for key in ("method", "model", "tasks", "out"):
         if not (isinstance(getattr(cfg, key), str) and getattr(cfg, key)):
             raise bad(key, "must be a non-empty string")
+    levels = ("easy", "medium", "hard", "extreme")
+    if cfg.difficulties is not None and not (isinstance(cfg.difficulties, tuple) and cfg.difficulties
+                                             and all(d in levels for d in cfg.difficulties)):
+        raise bad("difficulties", f"must be null or a non-empty list of {levels}")
     try:
         stages = StageController(cfg.schedule)
     except ValueError as exc:
@@ -270,8 +277,9 @@ def load_config(path: str | Path, **overrides: Any) -> TrainConfig:
     unknown = sorted(set(values) - names)
     if unknown:
         raise ConfigError(f"{path}: unknown config key {unknown[0]!r} (known keys: {', '.join(sorted(names))})")
-    if isinstance(values.get("betas"), list):
-        values["betas"] = tuple(values["betas"])
+    for key in ("betas", "difficulties"):
+        if isinstance(values.get(key), list):
+            values[key] = tuple(values[key])
     return validate(TrainConfig(**values))
 
 

@@ -169,13 +169,19 @@ def load_tasks(cfg: TrainConfig) -> list[dict]:
     else:
         from sera_core.envs.textworld.tasks import generate_split, validate_record
     if cfg.tasks in ("train", "val", "test"):
-        return generate_split(cfg.tasks)
-    from sera_core.utils.jsonio import read_jsonl
+        records = generate_split(cfg.tasks)
+    else:
+        from sera_core.utils.jsonio import read_jsonl
 
-    records = list(read_jsonl(cfg.tasks))
-    for i, rec in enumerate(records):
-        validate_record(rec, f"{cfg.tasks}:{i + 1}")
-    return records
+        records = list(read_jsonl(cfg.tasks))
+        for i, rec in enumerate(records):
+            validate_record(rec, f"{cfg.tasks}:{i + 1}")
+    if cfg.difficulties is None:
+        return records
+    pool = [r for r in records if (r.get("misc") or {}).get("difficulty", r.get("difficulty")) in cfg.difficulties]
+    if not pool:
+        raise ValueError(f"{cfg.tasks}: no task of difficulty {', '.join(cfg.difficulties)}")
+    return pool
 
 
 def _sha256(path: Path) -> str:
@@ -457,6 +463,8 @@ def plan(cfg: TrainConfig) -> dict[str, Any]:
     accel = str(cfg.accelerate_file) if cfg.accelerate_file else None
     return {
         "method": cfg.method, "env": cfg.env, "model": str(model_path(cfg)), "backend": cfg.backend,
+        "task_pool": {"tasks": cfg.tasks, "difficulties": list(cfg.difficulties or ()) or "all",
+                      "size": len(load_tasks(cfg))},
         "schedule": stages.schedule, "cycle_length": stages.cycle_length,
         "updates": cfg.max_steps, "updates_per_stage": stages.counts(cfg.max_steps),
         "batch": {"root_tasks": cfg.tasks_per_step, "trees_per_task": cfg.trees_per_task, "trees": trees,
