@@ -162,3 +162,17 @@ def test_a_batch_of_fresh_agents_runs_its_shared_system_prompt_once(policy):
     assert [g.token_ids for g in fast] == [g.token_ids for g in plain.generate(prompts, params)]
     assert len(policy.store.entries) == 3  # the shared prefix's entry was superseded by the three sequences
 
+
+
+def test_the_cache_grows_past_its_first_allocation(policy, monkeypatch):
+    import sera_core.policy.hf as hf
+
+    plain = HFPolicy.from_model(policy.model, policy.tokenizer, prefix_cache_bytes=0)
+    params = SamplingParams(temperature=0.0, max_new_tokens=12)
+    prompts = [prompt_of(policy, "Craft the following items: 3x a1_i5"), prompt_of(policy, "hi")]
+    want = plain.generate(prompts, params)
+    monkeypatch.setattr(hf, "GROW", 2)  # room for 2 new tokens, then doublings
+    policy.store.clear()
+    got = policy.generate(prompts, params)
+    assert [g.token_ids for g in got] == [g.token_ids for g in want]
+    assert all(len(g.token_ids) == 12 or g.finish_reason == "eos" for g in got)

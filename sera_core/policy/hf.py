@@ -21,8 +21,8 @@ Reusing key/value states (``prefix_cache_bytes > 0``, the default)
     runs its shared prefix once, then reuses it). Kept states belong to
     the weights they were computed with: any in-place change of a parameter (an optimizer
     step, ``load_state_dict``) bumps torch's version counters and empties the store.
-    The cache of a call is preallocated to its final length (:class:`_PreallocatedLayer`),
-    so no step concatenates tensors. Greedy output is token-identical to recomputing
+    The cache of a call is preallocated (:class:`_PreallocatedLayer`: the prompt block and
+    256 new tokens, doubling when full), so no step concatenates tensors. Greedy output is token-identical to recomputing
     every prompt (tested), up to float rounding between batch shapes.
 
 Works on CPU (float32) and GPU (bfloat16 by default); the model and tokenizer come from
@@ -45,6 +45,8 @@ from sera_core.policy.base import Generation, SamplingParams, per_prompt
 SHARED_PREFIX_MIN = 32
 """A batch whose prompts share this many more tokens than the store holds runs the shared
 prefix once first (a system prompt read by a batch of fresh agents)."""
+GROW = 256
+"""Generated positions a call's cache holds before its first doubling."""
 PREFIX_CACHE_BYTES = 2 << 30
 """Default budget of kept key/value states (2 GiB: about 45,000 tokens of SmolLM2-135M in float32)."""
 
@@ -117,9 +119,7 @@ class HFPolicy:
         width = max(len(a) - reused for a, (_, reused) in zip(arrays, found, strict=True))
         kept = [max(0, len(a) - width) for a in arrays]
         past_len = max(kept)
-        layers = self.model.config.num_hidden_layers
-        capacity = past_len + width + max(p.max_new_tokens for p in ps)
-        cache = _Buffers.allocate(self.model, layers, n, capacity, self.device)
+        layers = _allocate(self.model, n, past_len + width + min(GROW, max(p.max_new_tokens for p in ps)), self.device)
 
         ids = torch.full((n, width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((n, past_len + width), dtype=torch.long)
@@ -131,10 +131,12 @@ class HFPolicy:
             attention[i, past_len + width - len(a):] = 1  # the row's tokens end at the last column
             if kept[i]:
                 entry = found[i][0]
-                cache.keys[:, i, :, past_len - kept[i]:past_len] = entry.keys[:, :, :kept[i]]
-                cache.values[:, i, :, past_len - kept[i]:past_len] = entry.values[:, :, :kept[i]]
+                for j, layer in enumerate(layers):
+                    layer.write(i, past_len - kept[i], entry.keys[j, :, :kept[i]], entry.values[j, :, :kept[i]])
         ids, attention, positions = ids.to(self.device), attention.to(self.device), positions.to(self.device)
-        past = cache.as_cache(past_len)
+        past = Cache(layers=layers)
+        for layer in layers:
+            layer.advance(past_len)
         out = self.model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True,
                          **{self._cache_arg: past})
         logits = out.logits[:, -1, :]
@@ -145,7 +147,7 @@ class HFPolicy:
         reasons: list[str | None] = [None] * n
         stops: list[str | None] = [None] * n
         next_pos = positions[:, -1] + 1
-        mask = torch.ones((n, capacity), dtype=torch.long, device=self.device)
+        mask = torch.ones((n, past_len + width + max(p.max_new_tokens for p in ps)), dtype=torch.long, device=self.device)
         mask[:, :past_len + width] = attention
         steps = 0
         for _ in range(max(p.max_new_tokens for p in ps)):
@@ -178,7 +180,8 @@ class HFPolicy:
             for i, a in enumerate(arrays):  # keep each sequence: its prompt and all but its last token
                 start, end = past_len + width - len(a), past_len + width + len(tokens[i]) - 1
                 self.store.add(np.concatenate([a, np.asarray(tokens[i][:-1], dtype=np.int64)]),
-                               cache.keys[:, i, :, start:end], cache.values[:, i, :, start:end])
+                               torch.stack([layer.keys[i, :, start:end] for layer in layers]),
+                               torch.stack([layer.values[i, :, start:end] for layer in layers]))
         return [Generation(tokens[i], logprobs[i], self.decode(tokens[i]), reasons[i] or "length", stops[i])
                 for i in range(n)]
 
@@ -193,46 +196,50 @@ class HFPolicy:
         return None
 
 
-class _Buffers:
-    """The key/value tensors of one call, preallocated: ``keys``/``values`` are
-    ``(layers, batch, kv_heads, capacity, head_dim)``."""
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
-        self.keys, self.values = keys, values
-
-    @classmethod
-    def allocate(cls, model, layers: int, n: int, capacity: int, device) -> _Buffers:
-        cfg = model.config
-        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        dtype = next(model.parameters()).dtype
-        shape = (layers, n, heads, capacity, head_dim)
-        return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-
-    def as_cache(self, length: int):
-        """A transformers ``Cache`` over these buffers, holding ``length`` positions already."""
-        return Cache(layers=[_PreallocatedLayer(self.keys[i], self.values[i], length) for i in range(len(self.keys))])
+def _allocate(model, n: int, capacity: int, device) -> list[_PreallocatedLayer]:
+    """One empty :class:`_PreallocatedLayer` per decoder layer, ``n`` rows of ``capacity`` positions."""
+    cfg = model.config
+    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    dtype = next(model.parameters()).dtype
+    return [_PreallocatedLayer((n, heads, capacity, head_dim), dtype, device) for _ in range(cfg.num_hidden_layers)]
 
 
 class _PreallocatedLayer(DynamicLayer):
     """A cache layer over preallocated ``(batch, heads, capacity, head_dim)`` buffers:
-    ``update`` writes the new positions in place and returns views of the filled part
-    (a ``DynamicLayer`` concatenates, copying the whole cache every step)."""
+    ``update`` writes the new positions in place and returns views of the filled part (a
+    ``DynamicLayer`` concatenates, copying the whole cache every step); a full buffer
+    doubles (amortised: a long generation copies each position about twice, not once per step)."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int):
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device):
         super().__init__()
-        self._k, self._v, self.length = keys, values, length
-        self.device, self.is_initialized = keys.device, True
-        self.keys, self.values = keys[:, :, :length], values[:, :, :length]
+        self._k = torch.zeros(shape, dtype=dtype, device=device)  # zeros: masked positions stay finite
+        self._v = torch.zeros(shape, dtype=dtype, device=device)
+        self.length, self.device, self.is_initialized = 0, torch.device(device), True
+        self.keys, self.values = self._k[:, :, :0], self._v[:, :, :0]
+
+    def write(self, row: int, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Put kept ``(heads, length, head_dim)`` states of one row at positions ``start``..."""
+        self._k[row, :, start:start + keys.shape[-2]] = keys
+        self._v[row, :, start:start + keys.shape[-2]] = values
+
+    def advance(self, length: int) -> None:
+        """Count the first ``length`` positions as filled (by :meth:`write`)."""
+        self.length = length
+        self.keys, self.values = self._k[:, :, :length], self._v[:, :, :length]
 
     def update(self, key_states, value_states, *args, **kwargs):
         end = self.length + key_states.shape[-2]
         if end > self._k.shape[-2]:
-            raise RuntimeError(f"KV cache capacity {self._k.shape[-2]} exceeded")
+            grown = list(self._k.shape)
+            grown[2] = max(end, 2 * self._k.shape[2])
+            for name in ("_k", "_v"):
+                bigger = torch.zeros(grown, dtype=self._k.dtype, device=self._k.device)
+                bigger[:, :, :self.length] = getattr(self, name)[:, :, :self.length]
+                setattr(self, name, bigger)
         self._k[:, :, self.length:end] = key_states
         self._v[:, :, self.length:end] = value_states
-        self.length = end
-        self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
+        self.advance(end)
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
@@ -281,7 +288,7 @@ class PrefixStore:
         return best, best_len
 
     def add(self, tokens: np.ndarray, keys: torch.Tensor, values: torch.Tensor) -> None:
-        entry = _Entry(tokens, keys.clone(), values.clone())
+        entry = _Entry(tokens, keys, values)  # the caller's copies (torch.stack)
         if entry.nbytes > self.budget:
             return
         for key in [k for k, e in self.entries.items()
