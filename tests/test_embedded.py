@@ -134,6 +134,25 @@ def test_a_trainable_adapter_merges_to_the_inference_model(adapter):
     assert any(p.requires_grad for p in trainable.parameters())  # merging copied; the trained model is intact
 
 
+def test_a_trainable_adapter_recomputes_activations_in_backward(adapter):
+    """Activation checkpointing (the CPU memory budget of an update): every decoder layer
+    runs twice per training step, and the gradient is the one without checkpointing."""
+    trainable, _ = load_model(adapter, trainable=True)
+    trainable.train()
+    norm = next(m for n, m in trainable.named_modules() if n.endswith("layers.0.input_layernorm"))
+    calls = []  # the layer's first module: its forward checkpointed, its recomputation may stop after what it needs
+    norm.register_forward_pre_hook(lambda *_: calls.append(1))
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    trainable(input_ids=ids, labels=ids).loss.backward()
+    assert len(calls) == 2  # the forward pass and its recomputation in the backward pass
+    grads = {n: p.grad.clone() for n, p in trainable.named_parameters() if p.requires_grad}
+    plain, _ = load_model(adapter, trainable=True)
+    plain.base_model.model.gradient_checkpointing_disable()
+    plain.train()
+    plain(input_ids=ids, labels=ids).loss.backward()
+    assert all(torch.allclose(grads[n], p.grad, atol=1e-6) for n, p in plain.named_parameters() if p.requires_grad)
+
+
 @pytest.mark.skipif(not (EMBEDDED / "manifest.json").is_file(), reason="no shipped adapter yet")
 def test_the_shipped_adapter_matches_its_manifest():
     manifest = read_manifest(EMBEDDED)

@@ -41,7 +41,7 @@ import torch
 
 from sera_core import __version__
 from sera_core.policy.base_model import BASE_NAME, GGUF_SHA256, base_model_folder, weights_digest
-from sera_core.policy.models import EMBEDDED
+from sera_core.policy.models import EMBEDDED, checkpoint_activations
 from sera_core.tiny.demos import DemoConfig, demonstrations
 from sera_core.tiny.recipe import Hashed, _machine
 from sera_core.tiny.sft import SFTConfig, train_sft
@@ -94,11 +94,7 @@ def lora_model(model, lora: LoraSettings, seed: int):
     gradient checkpointing through the frozen base."""
     from peft import LoraConfig, get_peft_model
 
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.enable_input_require_grads()
+    checkpoint_activations(model)
     torch.manual_seed(seed)
     return get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                                             target_modules=list(lora.targets), task_type="CAUSAL_LM"))
