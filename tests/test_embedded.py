@@ -192,3 +192,25 @@ def test_sera_train_on_an_adapter_trains_and_checkpoints_only_the_adapter(adapte
     policy = checkpoint_policy(tmp_path / "run")  # base + trained adapter, merged
     expected = merged(trainer.model)
     assert all(torch.allclose(v, expected.state_dict()[k], atol=1e-6) for k, v in policy.model.state_dict().items())
+
+
+def test_sera_train_reports_the_tokens_it_trained(adapter, tmp_path, capsys):
+    """``sera train`` on an adapter: its summary line counts the tokens trained, as the
+    metrics rows do (``make demo`` shows this number)."""
+    import csv
+
+    from sera_core.cli import main
+    from sera_core.envs.textcraft.tasks import generate_split
+    from sera_core.train.config import CONFIGS
+    from sera_core.utils.jsonio import write_jsonl
+
+    tasks = tmp_path / "easy.jsonl"
+    write_jsonl(tasks, [t for t in generate_split("train") if t["misc"]["difficulty"] == "easy"][:1])
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"extends: {CONFIGS / 'textcraft' / 'sera_tiny.yaml'}\nmodel: {adapter}\ntasks: {tasks}\n"
+                   "tasks_per_step: 1\ntrees_per_task: 2\nschedule: 'execution:1'\nmax_new_tokens: 16\n"
+                   "max_steps_per_agent: 1\nfilter_zero_variance: false\n")
+    assert main(["train", "--config", str(cfg), "--max-steps", "2", "--out", str(tmp_path / "run")]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    rows = list(csv.DictReader(open(tmp_path / "run" / "metrics.csv")))
+    assert out["updates"] == 2 and out["tokens_trained"] == sum(int(r["tokens_trained"]) for r in rows) > 0
