@@ -131,6 +131,20 @@ def test_leaf_advantage_reward_first_root_balanced():
     assert leaf_advantages([d for t in failed for d in leaf_datums(t)], failed) == []
 
 
+
+def test_leaf_advantage_keeps_a_launching_tree_beside_trees_that_never_delegated():
+    """Issue 17.6: one tree's launches all earned 1.0, seven trees never delegated (m = 0):
+    the launch rewards are equal, but the group is not zero-variance (A = 1.0)."""
+    from sera_core.rewards import Datum
+
+    trees = [tree_with_delegations("a", "z", 1.0)] + [single_agent(f"n{i}", "z", 0.0) for i in range(7)]
+    datums = [Datum("a", "z", "0", 1, "launch", 0, 1.0), Datum("a", "z", "0", 3, "launch", 0, 1.0)]
+    adv = leaf_advantages(datums, trees)
+    assert [a.advantage for a in adv] == [1.0, 1.0]
+    everyone = [tree_with_delegations(t, "z", 1.0) for t in "ab"]  # every tree's m equal: every A = 0, dropped
+    assert leaf_advantages([Datum(t, "z", "0", 1, "launch", 0, 1.0) for t in "ab"], everyone) == []
+
+
 # -- rubric ranking -------------------------------------------------------------------
 
 def point(scores, labels, loss, skipped=False, parent="0", child="0.1", turn=2, tree="t0"):

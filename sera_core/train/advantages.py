@@ -18,7 +18,8 @@ proportional to ``1 / n_d`` and the weights sum to ``N``.
 
 Zero-variance filtering (official ``filter_zero_variance_groups``): a group whose datums
 all have the same reward teaches no preference and is dropped before its advantages are
-computed (execution and launch: the datums of one root task; rubric: the batch's groups).
+computed (execution: the datums of one root task; launch: the datums of one root task
+together with its trees' ``m_j``, see :func:`leaf_advantages`; rubric: the batch's groups).
 No advantage normalisation (SPEC 4).
 """
 
@@ -79,13 +80,20 @@ def execution_advantages(datums: Sequence[Datum], trees: Sequence[Tree], *, filt
 
 
 def leaf_advantages(datums: Sequence[Datum], trees: Sequence[Tree], *, filter_zero_variance: bool = True) -> list[Advantage]:
-    """``reward_first_root_balanced``: ``A = r - (sum_j m_j - m_i) / (K - 1)``."""
-    kept = _keep(datums, filter_zero_variance)
-    rewards = _group(kept, lambda d: d.tree_id)
+    """``reward_first_root_balanced``: ``A = r - (sum_j m_j - m_i) / (K - 1)``.
+
+    A root task's group is zero-variance only when its launch rewards *and* the ``m_j``
+    of all its trees are equal (every advantage is then 0): one tree whose launches earned
+    1.0 beside seven that never delegated (``m = 0``) is a preference, and is kept."""
+    rewards = _group(datums, lambda d: d.tree_id)
     m = {t.tree_id: fmean(d.reward for d in rewards[t.tree_id]) if rewards.get(t.tree_id) else 0.0 for t in trees}
     group = _group(trees, lambda t: t.task_id)
+    uniform = {task_id for task_id, ds in _group(datums, lambda d: d.task_id).items()
+               if len({d.reward for d in ds} | {m[t.tree_id] for t in group[task_id]}) <= 1}
     out = []
-    for d in kept:
+    for d in datums:
+        if filter_zero_variance and d.task_id in uniform:
+            continue
         k = len(group[d.task_id])
         baseline = (sum(m[t.tree_id] for t in group[d.task_id]) - m[d.tree_id]) / (k - 1) if k > 1 else 0.0
         out.append(Advantage(d, d.reward - baseline))
