@@ -118,8 +118,10 @@ def check_groups(rollouts, b_count=8, cap=16):
         scored_here = [t for t in tree.nodes[p["parent_id"]].turns if t.kind == "score" and t.meta["child"] == child.node_id]
         assert len(scored_here) == 1 and scored_here[0].to_json() == p["branches"][0]["score_turn"]
         assert all(b["score_turn"] is None or b["score_turn"]["meta"]["detached"] for b in p["branches"][1:])
-        for b in p["branches"]:  # a forced zero exactly when the branch did not finish
-            assert (b["score"]["forced"]) == (not b["finished"])
+        for b in p["branches"]:  # a forced zero exactly when the branch did not finish or left no output
+            root = next(n for n in b["tree"]["nodes"] if n["node_id"] == b["tree"]["root_id"])
+            output = (root["result"].get("finish_message") or "").strip()
+            assert (b["score"]["forced"]) == (not b["finished"] or output == "")
     valid = [p for p in points if not p["ranking"]["skipped"]]
     assert valid, "no mixed group: the noisy expert must fail some branches"
     assert all(p["ranking"]["accuracy"] == 1.0 for p in valid)  # the expert's rubric ranks successes first
@@ -296,6 +298,14 @@ def test_valid_score_and_forced_zero(tokenizer):
     assert not child.finished and child.result["end"] == "steps"
     assert child.score["forced"] and child.score["final_score"] == 0.0 and child.score["gate"] == 0
     assert not [t for t in out.tree.root.turns if t.kind == "score"]  # no scoring call
+
+    def finishes_empty(prompt):  # issue 17.7: finish with no usable output
+        return "<finish> </finish>" if role_of(prompt) == "child" else delegating_script(GOOD_RUBRIC, good)(prompt)
+    out = one_rollout(tokenizer, finishes_empty)
+    child = out.tree.nodes["0.1"]
+    assert child.finished and child.score["forced"] and child.score["final_score"] == 0.0
+    assert child.score["reason"] == "the child finished with no output"
+    assert not [t for t in out.tree.root.turns if t.kind == "score"]
 
 
 # -- budgets --------------------------------------------------------------------------------------

@@ -452,11 +452,14 @@ class Runtime:
     async def _score(self, node: Node, rubric: Rubric | None, child: dict, *, key: str, detached: bool = False):
         """The child's score against the frozen rubric: ``(Score | Parsed | None, turn | None)``.
 
-        None without a valid rubric; a forced zero (no call) when the child did not finish."""
+        None without a valid rubric; a forced zero (no call) when the child did not finish,
+        or finished with no usable output (an empty finish message: nothing for the parent)."""
         if rubric is None:
             return None, None
         if not child["finished"]:
             return forced_zero(f"the child did not finish ({child['end']})"), None
+        if not (node.result.get("finish_message") or "").strip():
+            return forced_zero("the child finished with no output"), None
         cfg = self.cfg
         prompt_text = build_score_prompt(rubric, node.task, render_trajectory(node), child["final_state"],
                                          max_section_chars=cfg.max_section_chars)
