@@ -12,7 +12,7 @@ from sera_core.policy.tiny import default_tokenizer
 from sera_core.rewards import Datum
 from sera_core.rewards.execution import execution_datums
 from sera_core.rewards.leaf_credit import leaf_datums
-from sera_core.rewards.rubric_ranking import group_spread, rubric_datums
+from sera_core.rewards.rubric_ranking import group_spread, kept_points, rubric_datums
 from sera_core.train.advantages import (
     depth_weighted,
     execution_advantages,
@@ -143,6 +143,26 @@ def test_leaf_advantage_keeps_a_launching_tree_beside_trees_that_never_delegated
     assert [a.advantage for a in adv] == [1.0, 1.0]
     everyone = [tree_with_delegations(t, "z", 1.0) for t in "ab"]  # every tree's m equal: every A = 0, dropped
     assert leaf_advantages([Datum(t, "z", "0", 1, "launch", 0, 1.0) for t in "ab"], everyone) == []
+
+
+
+def test_a_dropped_rollout_leaves_every_baseline_and_gives_no_rubric_datums():
+    """Issue 17.7: a tree marked drop_rollout gives no datums and is not one of the K trees."""
+    from sera_core.agents.runtime import Rollout
+
+    trees = [single_agent("a", "x", 1.0), single_agent("b", "x", 0.0), single_agent("c", "x", 0.0)]
+    trees[2].meta["drop_rollout"] = True
+    datums = [d for t in trees for d in execution_datums(t)]
+    assert {d.tree_id for d in datums} == {"a", "b"}
+    adv = {a.datum.tree_id: a.advantage for a in execution_advantages(datums, trees)}
+    assert adv == {"a": 1.0, "b": -1.0}  # baselines over a and b only (with c: 0.5 and -0.5)
+    launch = [Datum("a", "x", "0", 1, "launch", 0, 1.0)]
+    assert [a.advantage for a in leaf_advantages(launch, trees)] == [1.0]  # K = 2: (1 + 0 - 1) / 1
+    point = {"ranking": {"skipped": False, "loss": 0.1}, "rubric_turn": 2, "tree_id": "c", "task_id": "x",
+             "parent_id": "0", "child_id": "0.1"}
+    rollouts = [Rollout(trees[0], [dict(point, tree_id="a")]), Rollout(trees[2], [point])]
+    assert [p["tree_id"] for p in kept_points(rollouts)] == ["a"]
+    assert len(rubric_datums(kept_points(rollouts))) == 1
 
 
 # -- rubric ranking -------------------------------------------------------------------

@@ -18,7 +18,8 @@ without its formula; this form and ``lambda = 1`` are the workbook's decision.
 
 Groups where every branch succeeded or every branch failed (``ranking.skipped``) carry
 no ordering and give no datum; nor does a point whose rubric no policy call wrote (the
-global-rubric and external-writer ablations).
+global-rubric and external-writer ablations); nor a point of a tree marked
+``drop_rollout`` (:func:`kept_points`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ from statistics import pstdev
 from sera_core.rewards import Datum
 
 VARIANTS = ("ranking", "discriminative")
+
+
+def kept_points(rollouts: Iterable) -> list[dict]:
+    """The delegation points of the rollouts whose tree is not marked ``drop_rollout``."""
+    return [p for r in rollouts if not r.tree.meta.get("drop_rollout") for p in r.points]
 
 
 def group_spread(point: dict) -> float:

@@ -21,6 +21,9 @@ all have the same reward teaches no preference and is dropped before its advanta
 computed (execution: the datums of one root task; launch: the datums of one root task
 together with its trees' ``m_j``, see :func:`leaf_advantages`; rubric: the batch's groups).
 No advantage normalisation (SPEC 4).
+
+A tree marked ``drop_rollout`` (that malformed-output policy) gives no datums and leaves
+every baseline: the group of its root task is its other trees (``K`` counts only those).
 """
 
 from __future__ import annotations
@@ -69,9 +72,14 @@ def _keep(datums: Sequence[Datum], filter_zero_variance: bool) -> list[Datum]:
     return [d for group in _group(datums, lambda d: d.task_id).values() if not zero_variance(group) for d in group]
 
 
+def kept_trees(trees: Sequence[Tree]) -> list[Tree]:
+    """The trees that count in baselines: all but those marked ``drop_rollout``."""
+    return [t for t in trees if not t.meta.get("drop_rollout")]
+
+
 def execution_advantages(datums: Sequence[Datum], trees: Sequence[Tree], *, filter_zero_variance: bool = True) -> list[Advantage]:
-    """``A = r - mean_{j != i} R_j`` over the trees of the datum's root task."""
-    roots = _group(trees, lambda t: t.task_id)
+    """``A = r - mean_{j != i} R_j`` over the (kept) trees of the datum's root task."""
+    roots = _group(kept_trees(trees), lambda t: t.task_id)
     out = []
     for d in _keep(datums, filter_zero_variance):
         others = [root_reward(t) for t in roots[d.task_id] if t.tree_id != d.tree_id]
@@ -85,6 +93,7 @@ def leaf_advantages(datums: Sequence[Datum], trees: Sequence[Tree], *, filter_ze
     A root task's group is zero-variance only when its launch rewards *and* the ``m_j``
     of all its trees are equal (every advantage is then 0): one tree whose launches earned
     1.0 beside seven that never delegated (``m = 0``) is a preference, and is kept."""
+    trees = kept_trees(trees)
     rewards = _group(datums, lambda d: d.tree_id)
     m = {t.tree_id: fmean(d.reward for d in rewards[t.tree_id]) if rewards.get(t.tree_id) else 0.0 for t in trees}
     group = _group(trees, lambda t: t.task_id)

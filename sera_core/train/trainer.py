@@ -54,7 +54,7 @@ from sera_core.agents.runtime import Rollout, Runtime
 from sera_core.agents.summary import summarize
 from sera_core.rewards.execution import execution_datums
 from sera_core.rewards.leaf_credit import leaf_datums
-from sera_core.rewards.rubric_ranking import rubric_datums
+from sera_core.rewards.rubric_ranking import kept_points, rubric_datums
 from sera_core.train.advantages import (
     Advantage,
     depth_weighted,
@@ -256,7 +256,7 @@ class Trainer:
             adv = leaf_advantages(datums, trees, filter_zero_variance=cfg.filter_zero_variance)
             filtered = len(datums) - len(adv)
         else:
-            datums = rubric_datums([p for r in rollouts for p in r.points], cfg.rubric_variant, cfg.spread_weight)
+            datums = rubric_datums(kept_points(rollouts), cfg.rubric_variant, cfg.spread_weight)
             batch = self._gather_rubric(datums)
             mine = set(datums)
             every = rubric_advantages(batch, filter_zero_variance=cfg.filter_zero_variance)
