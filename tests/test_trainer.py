@@ -147,3 +147,50 @@ def test_a_trained_checkpoint_evaluates_and_exports(reference, tmp_path):
     (tmp_path / "broken" / "state.json").write_text("{}")
     with pytest.raises(CheckpointError, match="partial or corrupt"):
         checkpoint_policy(tmp_path / "broken")
+
+
+class RecordingEngine:
+    """Stands in for vLLM at its boundary (a GPU engine this machine cannot run): generation
+    through :class:`HFPolicy` on its own copy of the weights, and each weight push recorded."""
+
+    def __init__(self, path, **engine_kwargs):
+        from sera_core.policy.hf import HFPolicy
+
+        self.hf, self.pushes = HFPolicy(path), []
+
+    def __getattr__(self, name):
+        return getattr(self.hf, name)
+
+    def load_weights(self, state_dict) -> None:
+        self.hf.model.load_state_dict(state_dict)
+        self.pushes.append(state_dict)
+
+
+@pytest.fixture
+def fresh_accelerate():
+    """Accelerate's process-wide state reset around a test that needs another precision."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_resume_pushes_the_checkpoint_weights_to_the_vllm_engine(tmp_path, monkeypatch, fresh_accelerate):
+    """Issue 17.3: after --resume the engine samples from the checkpoint, not the base model."""
+    import torch
+
+    import sera_core.policy.vllm_backend as vllm_backend
+
+    monkeypatch.setattr(vllm_backend, "VLLMPolicy", RecordingEngine)
+    cfg = golden_config(tmp_path, backend="vllm", mixed_precision="bf16", max_steps=1, schedule="execution:1")
+    first = Trainer(cfg, progress=False)
+    first.run()
+    assert len(first.policy.pushes) == 1  # after the update
+    trained = first.accelerator.get_state_dict(first.model)
+    resumed = Trainer(cfg.replace(max_steps=2), progress=False)
+    engine = resumed.policy.hf.model.state_dict()
+    assert not all(torch.equal(engine[k], v) for k, v in trained.items())  # a fresh engine holds the base weights
+    resumed.load(tmp_path / "run" / "checkpoint")
+    engine = resumed.policy.hf.model.state_dict()
+    assert len(resumed.policy.pushes) == 1 and all(torch.equal(engine[k], v) for k, v in trained.items())

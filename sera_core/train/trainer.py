@@ -221,6 +221,20 @@ class Trainer:
         # is merged into a copy of its base (plain layers generate faster), re-made after each update
         return HFPolicy.from_model(merged(self.accelerator.unwrap_model(self.model)).eval(), self.tokenizer)
 
+    def _sync_policy(self) -> None:
+        """Make the rollout policy sample from the model's current weights (after an update
+        and after :meth:`load`): vLLM gets them pushed into its engine (an adapter merged
+        first); an adapter is merged again into a fresh copy of its base; a plain HF model is
+        the policy's own model already."""
+        from sera_core.policy.models import merged
+
+        model = self.accelerator.unwrap_model(self.model)
+        if self.cfg.backend == "vllm":
+            is_adapter = hasattr(model, "merge_and_unload")
+            self.policy.load_weights(merged(model).state_dict() if is_adapter else self.accelerator.get_state_dict(self.model))
+        elif hasattr(model, "merge_and_unload"):
+            self.policy = self._policy(model_path(self.cfg))
+
     def _external(self):
         if "external" not in (self.cfg.rubric_writer, self.cfg.scorer):
             return None
@@ -301,10 +315,7 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         model.eval()
-        if cfg.backend == "vllm":
-            self.policy.load_weights(self.accelerator.get_state_dict(self.model))
-        elif hasattr(model, "merge_and_unload"):  # an adapter: merge the updated matrices again
-            self.policy = self._policy(model_path(cfg))
+        self._sync_policy()
         t_update = time.perf_counter() - t1
         self.version += 1
         return self._metrics(v, stage, rollouts, adv, filtered, stats, float(grad_norm), timed.seconds,
@@ -440,8 +451,7 @@ class Trainer:
         load_trained(self.accelerator.unwrap_model(self.model), path / "model.safetensors")
         self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
         self.version, self.counters = state["version"], dict(state["counters"])
-        if hasattr(self.accelerator.unwrap_model(self.model), "merge_and_unload"):
-            self.policy = self._policy(model_path(self.cfg))  # rollouts from the loaded adapter, not the initial one
+        self._sync_policy()  # the next rollouts sample from the loaded weights, not the initial ones
 
 
 def plan(cfg: TrainConfig) -> dict[str, Any]:
