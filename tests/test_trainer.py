@@ -194,3 +194,28 @@ def test_resume_pushes_the_checkpoint_weights_to_the_vllm_engine(tmp_path, monke
     resumed.load(tmp_path / "run" / "checkpoint")
     engine = resumed.policy.hf.model.state_dict()
     assert len(resumed.policy.pushes) == 1 and all(torch.equal(engine[k], v) for k, v in trained.items())
+
+
+def test_log_with_tensorboard_writes_every_metric_through_accelerate(tmp_path):
+    """``log_with: tensorboard``: the metrics row's numeric columns as scalars at its version."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = golden_config(tmp_path, log_with="tensorboard", max_steps=1, schedule="execution:1")
+    Trainer(cfg, progress=False).run()
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    events.Reload()
+    row = metrics(tmp_path / "run")[0]
+    assert {"loss", "root_success", "tokens_trained"} <= set(events.Tags()["scalars"])
+    assert events.Scalars("tokens_trained")[0].step == 0
+    assert events.Scalars("tokens_trained")[0].value == float(row["tokens_trained"])
+
+
+def test_a_tracker_that_is_not_installed_fails_the_config(tmp_path):
+    import importlib.util
+
+    from sera_core.train.config import ConfigError
+
+    if importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed here")
+    with pytest.raises(ConfigError, match="log_with.*wandb package is not installed"):
+        golden_config(tmp_path, log_with="wandb")

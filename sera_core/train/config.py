@@ -16,6 +16,7 @@ The shipped configs live in ``sera_core/configs/<env>/<method>_<scale>.yaml``
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -124,6 +125,10 @@ class TrainConfig:
     """Optimizer updates in all (paper: TextCraft 250, TextWorld 400)."""
     checkpoint_every: int = 10
     """A checkpoint every this many updates (and at the end)."""
+    log_with: str = "none"
+    """Experiment tracker beside ``metrics.csv``, through Accelerate's tracker API on the
+    main process: ``none``, ``tensorboard`` (``out/tensorboard``; the ``[tracking]``
+    extra) or ``wandb`` (installed and logged in by you)."""
     mixed_precision: str = "no"
     """``no`` (float32; CPU) or ``bf16`` (GPU)."""
     seed: int = 0
@@ -182,6 +187,7 @@ _CHOICES = {
     "rubric_writer": ("policy", "global", "external"), "scorer": ("policy", "external"),
     "malformed_policy": ("drop_trajectory", "drop_rollout", "binary_fallback"),
     "rubric_variant": RUBRIC_VARIANTS, "loss": LOSSES, "mixed_precision": ("no", "bf16"),
+    "log_with": ("none", "tensorboard", "wandb"),
 }
 _POSITIVE_INTS = ("tasks_per_step", "trees_per_task", "max_steps_per_agent", "micro_batch_tokens", "max_steps",
                   "checkpoint_every")
@@ -204,6 +210,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     for key, options in _CHOICES.items():
         if getattr(cfg, key) not in options:
             raise bad(key, f"must be one of {options}")
+    if cfg.log_with != "none" and importlib.util.find_spec(cfg.log_with) is None:
+        raise bad("log_with", f"the {cfg.log_with} package is not installed (pip install {cfg.log_with})")
     for key in _POSITIVE_INTS:
         if not (_is_int(getattr(cfg, key)) and getattr(cfg, key) >= 1):
             raise bad(key, "must be an integer >= 1")

@@ -19,7 +19,8 @@ One optimizer update at version ``v`` (the number of updates already done):
    AdamW (``lr``, ``betas``, ``weight_decay``), gradient clipping, one optimizer step.
 
 Per update a row goes to ``metrics.csv`` (columns: :data:`METRICS`, defined in
-docs/training.md) and, when installed, to TensorBoard. Every ``checkpoint_every`` updates
+docs/training.md) and to the tracker ``log_with`` names (TensorBoard or wandb, none by
+default). Every ``checkpoint_every`` updates
 and at the end a checkpoint is written atomically (``checkpoint.tmp/`` then renamed to
 ``checkpoint/``): model weights, optimizer state, ``state.json`` (version, config,
 cumulative counters, sha256 of every file). ``resume=True`` continues from it: the stage
@@ -194,7 +195,8 @@ class Trainer:
         self.cfg, self.progress = cfg, progress
         self.out = Path(cfg.out)
         self.stages = StageController(cfg.schedule)
-        self.accelerator = Accelerator(mixed_precision=cfg.mixed_precision, cpu=not torch.cuda.is_available())
+        self.accelerator = Accelerator(mixed_precision=cfg.mixed_precision, cpu=not torch.cuda.is_available(),
+                                       log_with=None if cfg.log_with == "none" else cfg.log_with, project_dir=cfg.out)
         path = model_path(cfg)
         torch.manual_seed(derive_seed(cfg.seed, "init"))
         # a Hugging Face folder trains every parameter; an adapter folder (``tiny``) its LoRA matrices
@@ -368,6 +370,7 @@ class Trainer:
             (self.out / "metrics.csv").unlink(missing_ok=True)
         self.out.mkdir(parents=True, exist_ok=True)
         self._trim_metrics()
+        self._start_trackers()
         rows: list[dict] = []
         bar = tqdm(total=target, initial=self.version, desc=f"train {self.cfg.method}", disable=not self.progress)
         while self.version < target:
@@ -381,6 +384,9 @@ class Trainer:
             if stop_after is not None and len(rows) >= stop_after:
                 break
         bar.close()
+        for tracker in self.accelerator.trackers:  # not end_training(): that also ends the process group
+            tracker.finish()
+        self.accelerator.trackers = []
         return rows
 
     # -- metrics -----------------------------------------------------------------------
@@ -394,19 +400,23 @@ class Trainer:
             if new:
                 w.writeheader()
             w.writerow({k: ("" if row[k] is None else row[k]) for k in METRICS})
-        self._tensorboard(row)
+        if self.accelerator.trackers:
+            self.accelerator.log({k: x for k, x in row.items() if isinstance(x, (int, float)) and k != "version"},
+                                 step=row["version"])
 
-    def _tensorboard(self, row: dict) -> None:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:  # TensorBoard is optional
+    def _start_trackers(self) -> None:
+        """Start the configured tracker (``log_with``) on the main process, with the config
+        as its hyperparameters (lists and mappings as text): TensorBoard writes
+        ``out/tensorboard``; wandb logs project ``sera``, run ``<method>-<out folder name>``."""
+        if self.cfg.log_with == "none" or self.accelerator.trackers:
             return
-        if not hasattr(self, "_tb"):
-            self._tb = SummaryWriter(str(self.out / "tensorboard"))
-        for k, x in row.items():
-            if isinstance(x, (int, float)) and k != "version":
-                self._tb.add_scalar(k, x, row["version"])
-        self._tb.flush()
+        hparams = {k: v if v is None or isinstance(v, (bool, int, float, str)) else json.dumps(v)
+                   for k, v in self.cfg.to_json().items()}
+        if self.cfg.log_with == "tensorboard":
+            self.accelerator.init_trackers("tensorboard", config=hparams)
+        else:
+            self.accelerator.init_trackers("sera", config=hparams, init_kwargs={
+                "wandb": {"name": f"{self.cfg.method}-{self.out.name}", "dir": str(self.out)}})
 
     def _trim_metrics(self) -> None:
         """Keep only the rows of versions already done (a resumed run rewrites later ones)."""
@@ -445,7 +455,7 @@ class Trainer:
 
         state = read_checkpoint(path)
         mine, theirs = self.cfg.to_json(), state["config"]
-        changed = sorted(k for k in mine if k not in ("max_steps", "checkpoint_every") and mine[k] != theirs.get(k))
+        changed = sorted(k for k in mine if k not in ("max_steps", "checkpoint_every", "log_with") and mine[k] != theirs.get(k))
         if changed:
             raise CheckpointError(f"{path}: written with another config (differs in {', '.join(changed)})")
         load_trained(self.accelerator.unwrap_model(self.model), path / "model.safetensors")
