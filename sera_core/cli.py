@@ -306,7 +306,7 @@ def cmd_tiny(args: argparse.Namespace) -> dict[str, Any]:
     craft, world = craft_split("val"), world_split("test")
     tasks = {"textcraft": [t for d in ("easy", "medium") for t in [t for t in craft if t["misc"]["difficulty"] == d][:args.tasks]],
              "textworld": [t for t in world if t["difficulty"] == "easy"][::max(1, 350 // args.tasks)][:args.tasks]}
-    results = measure(model, tasks, groups=args.groups, progress=True)
+    results = measure(model, tasks, groups=args.groups, progress=True, save=args.save)
     if args.record:
         manifest = read_manifest(model)
         manifest["results"] = results
@@ -446,6 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measure: tasks per level (TextCraft val easy and medium, TextWorld test easy)")
     p.add_argument("--groups", type=int, default=8, help="measure: tasks played with counterfactual groups at temperature 1")
     p.add_argument("--record", action="store_true", help="measure: write the results into the model's manifest")
+    p.add_argument("--save", type=Path, help="measure: keep partial figures in this JSON file; a rerun with it resumes")
     p.set_defaults(func=cmd_tiny)
 
     p = sub.add_parser("train", help="train a method from a config file (SERA, RAO, ablations)")

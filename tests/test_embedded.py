@@ -214,3 +214,34 @@ def test_sera_train_reports_the_tokens_it_trained(adapter, tmp_path, capsys):
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     rows = list(csv.DictReader(open(tmp_path / "run" / "metrics.csv")))
     assert out["updates"] == 2 and out["tokens_trained"] == sum(int(r["tokens_trained"]) for r in rows) > 0
+
+
+def test_well_formed_replies_per_benchmark():
+    from sera_core.tiny.measure import well_formed
+
+    assert well_formed("<thought>look</thought><python>print(view_inventory())</python>", "textcraft")
+    assert not well_formed("<python>print(view_inventory(</python>", "textcraft")  # does not parse
+    assert not well_formed("I will look at my inventory.", "textcraft")
+    assert well_formed("<action>look</action>", "textworld")
+    assert not well_formed("<action>look</action><action>eat apple</action>", "textworld")  # one block only
+
+
+def test_measure_keeps_partial_figures_and_resumes(adapter, tmp_path):
+    """``sera tiny measure --save``: figures per benchmark as they finish; a rerun skips them."""
+    from sera_core.envs.textcraft.tasks import generate_split as craft_split
+    from sera_core.envs.textworld.tasks import generate_split as world_split
+    from sera_core.tiny.measure import measure
+
+    tasks = {"textcraft": [t for t in craft_split("val") if t["misc"]["difficulty"] == "easy"][:1],
+             "textworld": [t for t in world_split("test") if t["difficulty"] == "easy"][:1]}
+    save = tmp_path / "m" / "figures.json"
+    first = measure(adapter, tasks, save=save)
+    assert json.loads(save.read_text()) == first
+    for env in tasks:
+        assert first[env]["tasks"] == 1 and 0.0 <= first[env]["well_formed"] <= 1.0
+        assert set(first[env]["success"]) == {"easy"}
+    interrupted = {"textcraft": dict(first["textcraft"], tasks=99)}  # as if stopped after TextCraft
+    save.write_text(json.dumps(interrupted))
+    resumed = measure(adapter, tasks, save=save)
+    assert resumed["textcraft"]["tasks"] == 99  # kept, not played again
+    assert resumed["textworld"] == first["textworld"]  # played now, the same figures (temperature 0)

@@ -13,13 +13,19 @@ With ``groups > 0`` it also plays that many tasks at temperature 1 with counterf
 groups of 8 and reports ``mixed_groups`` (the share of groups with both outcomes: the
 branches really differ) and the scorer's ``pairwise_accuracy`` on them against the
 checker's labels.
+
+With ``save``, the figures are written to that JSON file after each benchmark and each
+group run, and a rerun with the same file skips what it already holds: a measurement of
+an hour or more resumes after an interruption with nothing lost.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import os
 from collections import defaultdict
+from pathlib import Path
 from statistics import fmean
 from typing import Any
 
@@ -29,6 +35,7 @@ from sera_core.agents.summary import summarize
 from sera_core.envs.textcraft.env import extract_code
 from sera_core.envs.textworld.protocol import parse_reply
 from sera_core.policy.hf import HFPolicy
+from sera_core.utils.jsonio import write_atomic
 
 
 def well_formed(text: str, env: str) -> bool:
@@ -68,15 +75,27 @@ def _figures(rollouts: list, env: str) -> dict[str, Any]:
 
 
 def measure(model: str | os.PathLike, tasks: dict[str, list[dict]], *, groups: int = 0, seed: int = 0,
-            max_batch: int = 64, progress: bool = False) -> dict[str, Any]:
+            max_batch: int = 64, progress: bool = False, save: str | os.PathLike | None = None) -> dict[str, Any]:
     """Figures of ``model`` on ``tasks`` (``{"textcraft": [...], "textworld": [...]}``);
-    ``progress`` shows a progress bar per run."""
-    policy = HFPolicy(model)  # a model or adapter folder (the embedded policy is an adapter)
-    out: dict[str, Any] = {}
+    ``progress`` shows a progress bar per run; ``save`` keeps partial figures (module docstring)."""
+    save = Path(save) if save is not None else None
+    out: dict[str, Any] = json.loads(save.read_text()) if save is not None and save.exists() else {}
+    policy = None
+
+    def keep() -> None:
+        if save is not None:
+            save.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(save, json.dumps(out, indent=1).encode())
+
     for env, env_tasks in tasks.items():
-        greedy = RuntimeConfig(temperature=0.0, rubric_temperature=0.0, seed=seed)
-        rollouts = Runtime(env, PolicyActor(policy, max_batch=max_batch), greedy).run(env_tasks, progress=progress)
-        out[env] = _figures(rollouts, env)
+        if env in out and (not groups or "mixed_groups" in out[env]):
+            continue
+        policy = policy or HFPolicy(model)  # a model or adapter folder (the embedded policy is an adapter)
+        if env not in out:
+            greedy = RuntimeConfig(temperature=0.0, rubric_temperature=0.0, seed=seed)
+            rollouts = Runtime(env, PolicyActor(policy, max_batch=max_batch), greedy).run(env_tasks, progress=progress)
+            out[env] = _figures(rollouts, env)
+            keep()
         if groups:
             sampled = RuntimeConfig(temperature=1.0, counterfactual=8, seed=seed)
             counted = summarize(Runtime(env, PolicyActor(policy, max_batch=max_batch), sampled).run(env_tasks[:groups], progress=progress))
@@ -84,4 +103,5 @@ def measure(model: str | os.PathLike, tasks: dict[str, list[dict]], *, groups: i
             out[env]["groups"] = total
             out[env]["mixed_groups"] = round(valid / total, 4) if total else None
             out[env]["pairwise_accuracy"] = counted["mean_pairwise_accuracy"]
+            keep()
     return out
