@@ -121,6 +121,19 @@ def test_micro_batching_and_token_mean_do_not_change_the_gradient(model_and_rows
     model.zero_grad()
 
 
+def test_cispo_reduction_is_honoured_over_the_whole_update(model_and_rows):
+    """``token_mean`` divides the update's summed loss by N_tokens; ``sum`` does not."""
+    from sera_core.train.cispo import CISPOConfig
+
+    model, spec = model_and_rows
+    rows = _rows(model, spec, 0.7)
+    n = sum(r.tokens for r in rows)
+    mean = loss_and_backward(model, rows, pad_id=0, total_tokens=n, micro_batch_tokens=16)
+    total = loss_and_backward(model, rows, pad_id=0, total_tokens=n, micro_batch_tokens=16, cispo=CISPOConfig(reduction="sum"))
+    model.zero_grad()
+    assert n > 1 and total["loss"] == pytest.approx(mean["loss"] * n, rel=1e-5)
+
+
 @pytest.mark.parametrize("budget", [10_000, 16])
 def test_rescored_rows_carry_the_models_own_logprobs(model_and_rows, budget):
     model, spec = model_and_rows

@@ -13,6 +13,8 @@ tokens, computes ``log pi_theta`` of every trained token, and back-propagates::
 
     loss = sum_{rows, trained t} loss_t / N_tokens        (token mean over the whole update)
 
+(``CISPOConfig(reduction="sum")`` leaves out the division: ``sum_{rows, trained t} loss_t``.)
+
 with ``loss_t`` CISPO's ``-sg(clip(rho_t, c_min, c_max)) A_t log pi_theta(a_t|h_t)`` (or
 GRPO's clipped surrogate). ``N_tokens`` counts every trained token of the update (on
 every process when training is distributed), so micro-batching changes nothing but memory.
@@ -142,6 +144,10 @@ def loss_and_backward(model, rows: Sequence[TokenRow], *, pad_id: int, total_tok
     Returns the loss and the token-weighted clip statistics of the rows."""
     device = next(model.parameters()).device
     backward = backward or (lambda t: t.backward())
+    bounds = cispo or CISPOConfig()
+    # CISPO's reduction over the whole update: each micro-batch's token sum, divided by the
+    # update's N_tokens for ``token_mean`` (the paper's), left as it is for ``sum``
+    scale = 1.0 / max(total_tokens, 1) if loss == "grpo" or bounds.reduction == "token_mean" else 1.0
     sums = {"loss": 0.0, "clip_fraction_low": 0.0, "clip_fraction_high": 0.0, "ratio_mean": 0.0, "tokens": 0.0}
     for group in micro_batches(rows, micro_batch_tokens):
         b = _tensors(group, pad_id, device)
@@ -150,9 +156,8 @@ def loss_and_backward(model, rows: Sequence[TokenRow], *, pad_id: int, total_tok
         if loss == "grpo":
             total, stats = grpo_loss(logp, old, adv, mask, eps=grpo_eps)
         else:
-            bounds = cispo or CISPOConfig()
             total, stats = cispo_loss(logp, old, adv, mask, cfg=CISPOConfig(bounds.clip_low, bounds.clip_high, "sum"))
-        scaled = total / max(total_tokens, 1)
+        scaled = total * scale
         backward(scaled)
         sums["loss"] += float(scaled.detach())
         for key in ("clip_fraction_low", "clip_fraction_high", "ratio_mean"):
