@@ -214,15 +214,12 @@ def _actor(args: argparse.Namespace):
 
 def _external(args: argparse.Namespace):
     """The external rubric writer/scorer (an OpenAI-compatible endpoint), when one is asked for."""
-    if "external" not in (args.rubric_writer, args.scorer):
-        return None
-    if not args.external_url:
-        raise CommandError("--rubric-writer/--scorer external needs --external-url (and --external-model)")
-    from sera_core.agents.actors import ExternalChatActor
-    from sera_core.judges import LLMJudge, LLMJudgeConfig
+    from sera_core.agents.actors import external_actor
 
-    return ExternalChatActor(LLMJudge(LLMJudgeConfig(base_url=args.external_url, model=args.external_model,
-                                                     api_key_env="SERA_EXTERNAL_API_KEY")))
+    try:
+        return external_actor(args.rubric_writer, args.scorer, args.external_url, args.external_model)
+    except ValueError:
+        raise CommandError("--rubric-writer/--scorer external needs --external-url (and --external-model)") from None
 
 
 def cmd_rollout(args: argparse.Namespace) -> dict[str, Any]:

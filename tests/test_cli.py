@@ -177,3 +177,20 @@ def test_rollout_writes_trees_points_and_summary(tmp_path, capsys):
     assert "--policy must be" in capsys.readouterr().out
     assert main(["rollout", "--env", "textworld", "--tasks", str(tasks), "--policy", f"hf:{tmp_path}", "--out", str(out)]) == 2
     assert "neither a Hugging Face model folder" in capsys.readouterr().out
+
+
+def test_an_external_writer_needs_an_endpoint(tmp_path, capsys):
+    """One factory (``agents.actors.external_actor``) for the CLI and the trainer."""
+    from sera_core.agents.actors import ExternalChatActor, external_actor
+
+    assert external_actor("policy", "policy", None, None) is None
+    actor = external_actor("external", "policy", "http://127.0.0.1:9/v1", "judge-model")
+    assert isinstance(actor, ExternalChatActor) and actor.client.config.base_url == "http://127.0.0.1:9/v1"
+    with pytest.raises(ValueError, match="needs an endpoint"):
+        external_actor("policy", "external", None, None)
+    tasks = tmp_path / "dev.jsonl"
+    assert main(["tasks", "--env", "textworld", "--split", "dev", "--limit", "1", "--out", str(tasks)]) == 0
+    capsys.readouterr()
+    assert main(["rollout", "--env", "textworld", "--tasks", str(tasks), "--scorer", "external",
+                 "--out", str(tmp_path / "run")]) == 2
+    assert "--external-url" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]

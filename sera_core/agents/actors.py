@@ -161,3 +161,15 @@ class ExternalChatActor:
 
     def release(self, agent: str) -> None:
         return None
+
+
+def external_actor(rubric_writer: str, scorer: str, url: str | None, model: str | None) -> ExternalChatActor | None:
+    """The external rubric writer/scorer (an OpenAI-compatible endpoint at ``url``, key in
+    ``SERA_EXTERNAL_API_KEY``) when ``rubric_writer`` or ``scorer`` is ``"external"``; else None."""
+    if "external" not in (rubric_writer, scorer):
+        return None
+    if not url:
+        raise ValueError("an external rubric writer or scorer needs an endpoint URL (and a model name)")
+    from sera_core.judges import LLMJudge, LLMJudgeConfig
+
+    return ExternalChatActor(LLMJudge(LLMJudgeConfig(base_url=url, model=model, api_key_env="SERA_EXTERNAL_API_KEY")))

@@ -238,13 +238,9 @@ class Trainer:
             self.policy = self._policy(model_path(self.cfg))
 
     def _external(self):
-        if "external" not in (self.cfg.rubric_writer, self.cfg.scorer):
-            return None
-        from sera_core.agents.actors import ExternalChatActor
-        from sera_core.judges import LLMJudge, LLMJudgeConfig
+        from sera_core.agents.actors import external_actor
 
-        return ExternalChatActor(LLMJudge(LLMJudgeConfig(base_url=self.cfg.external_url, model=self.cfg.external_model,
-                                                         api_key_env="SERA_EXTERNAL_API_KEY")))
+        return external_actor(self.cfg.rubric_writer, self.cfg.scorer, self.cfg.external_url, self.cfg.external_model)
 
     # -- one update --------------------------------------------------------------------
     def batch_tasks(self, version: int) -> list[dict]:
