@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 EXTRAS := notebooks,dev
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test bench tiny figures reproduce-tiny train-full clean
+.PHONY: help setup demo test bench tiny gpu-check figures reproduce-tiny train-full clean
 
 help:  ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -58,6 +58,10 @@ bench: setup  ## Benchmarks (numbers go to docs/benchmarks.md)
 	$(BIN)/python scripts/bench_textcraft.py
 	$(BIN)/python scripts/bench_textworld.py
 	$(BIN)/python scripts/bench_runtime.py
+	$(BIN)/python scripts/bench_generation.py
+
+gpu-check: setup  ## On a lent GPU machine: vLLM parity and weight push, 2 FSDP bf16 updates, speed -> runs/gpu_check/gpu_check.json (under 8 min; DRY_RUN=1 on CPU)
+	$(BIN)/python scripts/gpu_check.py --out runs/gpu_check $(if $(DRY_RUN),--dry-run,)
 
 tiny: setup  ## Rebuild the embedded policy's LoRA adapter from its recipe (about 75 min on 2 cores; resumes) and measure it
 	$(BIN)/sera tiny build --out sera_core/assets/embedded

@@ -8,7 +8,9 @@
 3. Decode: seconds per step at batch 32 (64 tokens at temperature 1, no stop string),
    and the GFLOP/s that makes (2 x parameters x batch per step), in float32 and bfloat16.
 4. Easy TextCraft val tasks through the runtime at temperature 0 (the evaluation
-   contract, the tiny config's caps), seconds per task, with the prefix store on and off.
+   contract, the tiny config's caps), seconds per task: one at a time with the prefix
+   store on and off (latency), and all at once in one batched runtime (throughput: wall
+   time / tasks, what an evaluation of many tasks sees).
 
 Run: ``.venv/bin/python scripts/bench_generation.py [--model DIR] [--tasks N]``
 (default: the embedded policy, ``tiny``).
@@ -74,19 +76,22 @@ def decode(policy: HFPolicy, prompts: list[list[int]], new: int = 64) -> float:
     return (time.perf_counter() - t0 - t_prefill) / (new - 1)
 
 
-def tasks_time(policy: HFPolicy, tasks: list[dict]) -> tuple[float, float]:
-    """Seconds per task and root success of ``tasks`` played one at a time (temperature 0)."""
+def tasks_time(policy: HFPolicy, tasks: list[dict], *, together: bool = False) -> tuple[float, float]:
+    """Seconds per task and root success of ``tasks`` played one at a time, or all at once
+    when ``together`` (temperature 0)."""
     cfg = load_config("textcraft/sera_tiny.yaml")
     rc = cfg.rollout_settings(branches=False, temperature=0.0, rubric_temperature=0.0)
     t0 = time.perf_counter()
-    rollouts = [r for t in tasks for r in Runtime("textcraft", PolicyActor(policy), rc).run([t], progress=False)]
+    groups = [tasks] if together else [[t] for t in tasks]
+    rollouts = [r for g in groups for r in Runtime("textcraft", PolicyActor(policy), rc).run(g, progress=False)]
     return (time.perf_counter() - t0) / len(tasks), sum(r.tree.root_reward or 0 for r in rollouts) / len(tasks)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="tiny")
-    parser.add_argument("--tasks", type=int, default=4, help="easy TextCraft val tasks timed through the runtime")
+    parser.add_argument("--tasks", type=int, default=4, help="easy TextCraft val tasks timed one at a time")
+    parser.add_argument("--batched", type=int, default=16, help="easy TextCraft val tasks timed all at once")
     args = parser.parse_args()
     print(f"machine: {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     print(f"\nmatmul roofline: float32 {roofline(torch.float32):.0f} GFLOP/s, bfloat16 {roofline(torch.bfloat16):.0f} GFLOP/s")
@@ -106,6 +111,9 @@ def main() -> None:
     plain = tasks_time(HFPolicy.from_model(policy.model, policy.tokenizer, prefix_cache_bytes=0), easy[:args.tasks])
     print(f"\neasy TextCraft task, temperature 0: {kept[0]:.1f} s/task with kept prefixes, "
           f"{plain[0]:.1f} s/task recomputing every prompt (success {kept[1]:.2f} / {plain[1]:.2f})")
+    batch = easy[:args.batched]
+    together = tasks_time(policy, batch, together=True)
+    print(f"{len(batch)} easy TextCraft tasks at once: {together[0]:.1f} s/task (success {together[1]:.2f})")
 
 
 if __name__ == "__main__":

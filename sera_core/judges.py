@@ -15,6 +15,10 @@ ranking loss only compares branches that have a label, so a judge must be able t
   OpenAI-compatible chat-completions endpoint, asked for strict JSON
   ``{"success": bool, "reason": str}``, with retries, a response cache and token
   accounting. It never raises: network errors and unparseable replies give no label.
+* :class:`CanonicalOrLLM` - TextWorld with an LLM judge configured (``judge: llm``): a
+  goal in the canonical form is checked by the program, any other by the LLM judge.
+
+:func:`make_judge` builds the judge a config names (training and evaluation share it).
 
 Every judge returns a :class:`JudgeVerdict`. ``success=None`` means *no label*
 (unknown goal, unparseable reply, network error): it must never be counted as a
@@ -57,6 +61,7 @@ from sera_core.envs.textworld import goals as tw_goals
 from sera_core.rubrics import truncate_middle
 
 __all__ = [
+    "CanonicalOrLLM",
     "JudgeStats",
     "JudgeVerdict",
     "LLMJudge",
@@ -64,6 +69,7 @@ __all__ = [
     "TextCraftVerifier",
     "TextWorldVerifier",
     "parse_judge_output",
+    "make_judge",
     "render_textworld_trajectory",
     "truncate_middle",
 ]
@@ -479,3 +485,44 @@ class LLMJudge(_Judge):
         except (json.JSONDecodeError, UnicodeDecodeError):
             data = {"choices": [{"message": {"content": None}}], "_raw": raw[:300].decode("utf-8", "replace")}
         return data if isinstance(data, dict) else {"_raw": str(data)[:300]}
+
+
+# -- the judge a config names -----------------------------------------------------------------
+
+class CanonicalOrLLM:
+    """TextWorld's labels with an LLM judge configured: the program checker for a goal in
+    the canonical form (exact and free), the LLM judge for any other goal (which the
+    program alone leaves unlabelled). ``stats_snapshot()`` adds both judges' counters;
+    ``llm`` holds the LLM judge's own (Table 2 counts its calls and input tokens)."""
+
+    name = "textworld_verifier+llm"
+
+    def __init__(self, program: TextWorldVerifier, llm: LLMJudge):
+        self.program, self.llm = program, llm
+
+    def judge(self, env: Any) -> JudgeVerdict:
+        verdict = self.program.judge(env)
+        return verdict if verdict.success is not None else self.llm.judge_env(env)
+
+    def stats_snapshot(self) -> dict[str, int]:
+        a, b = self.program.stats_snapshot(), self.llm.stats_snapshot()
+        return {k: a[k] + b[k] for k in a}
+
+
+def make_judge(env: str, kind: str = "program", *, url: str | None = None, model: str | None = None,
+               cache: str | None = None, timeout_s: float = 60.0, max_retries: int = 4) -> Any:
+    """The labelling judge of ``env``: ``program`` (TextCraft's checker, TextWorld's
+    canonical-goal checker) or ``llm`` (TextWorld only: :class:`CanonicalOrLLM` over an
+    OpenAI-compatible endpoint at ``url`` serving ``model``, with an optional JSONL response
+    ``cache``, ``timeout_s`` per request and ``max_retries``; key: ``$SERA_JUDGE_API_KEY``)."""
+    if kind == "program":
+        return TextCraftVerifier() if env == "textcraft" else TextWorldVerifier()
+    if kind != "llm":
+        raise ValueError(f"judge must be 'program' or 'llm', got {kind!r}")
+    if env != "textworld":
+        raise ValueError("an LLM judge labels TextWorld subtasks; TextCraft is always checked by its program")
+    if not url or not model:
+        raise ValueError("judge 'llm' needs a base URL and a model name")
+    llm = LLMJudge(LLMJudgeConfig(base_url=url, model=model, cache_path=cache, timeout_s=timeout_s,
+                                  max_retries=max_retries))
+    return CanonicalOrLLM(TextWorldVerifier(), llm)

@@ -245,3 +245,15 @@ def test_measure_keeps_partial_figures_and_resumes(adapter, tmp_path):
     resumed = measure(adapter, tasks, save=save)
     assert resumed["textcraft"]["tasks"] == 99  # kept, not played again
     assert resumed["textworld"] == first["textworld"]  # played now, the same figures (temperature 0)
+    # each difficulty's trees are kept as its run ends: a rerun computes from them, playing nothing
+    from sera_core.agents.tree import read_trees, write_trees
+
+    kept = save.with_name("figures.json.textcraft.easy.trees.jsonl")
+    trees = read_trees(kept)
+    assert len(trees) == 1 and first["textcraft"]["seconds_per_task"]["easy"] == trees[0].meta["measure_seconds"] > 0
+    trees[0].root_reward = 1.0 - trees[0].root_reward
+    write_trees(kept, trees)
+    save.unlink()
+    again = measure(adapter, tasks, save=save)
+    assert again["textcraft"]["success"]["easy"] == 1.0 - first["textcraft"]["success"]["easy"]
+    assert again["textworld"] == first["textworld"]

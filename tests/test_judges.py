@@ -304,3 +304,24 @@ def test_long_trajectories_are_cut_in_the_middle():
     cut = truncate_middle(text, 200)
     assert len(cut) <= 200 and cut.startswith("A") and cut.endswith("B") and "omitted" in cut
     assert truncate_middle("short", 200) == "short"
+
+
+def test_a_configured_llm_judge_labels_free_form_goals_and_the_program_the_canonical(endpoint):
+    """``judge: llm`` on TextWorld: canonical goals stay with the program checker (no
+    request), free-form goals go to the endpoint; both are counted."""
+    from sera_core.judges import CanonicalOrLLM, TextCraftVerifier
+    from sera_core.judges import make_judge as judge_for
+
+    judge = judge_for("textworld", "llm", url=endpoint.url, model="kimi-test", max_retries=0)
+    assert isinstance(judge, CanonicalOrLLM)
+    canonical = judge.judge(run_child(CARROT, ["take carrot", "dice carrot", "cook carrot on grill"]))
+    assert canonical.success is True and canonical.source == "textworld_verifier" and endpoint.count == 0
+    free = judge.judge(run_child("make the carrot tasty", ["take carrot", "dice carrot", "cook carrot on grill"]))
+    assert free.success is True and free.source == "llm:kimi-test" and endpoint.count == 1
+    assert judge.llm.stats.calls == 1 and judge.llm.stats.input_tokens == 11
+    assert judge.stats_snapshot()["calls"] == 3  # the program's two (one unlabelled) and the LLM's one
+    assert isinstance(judge_for("textcraft"), TextCraftVerifier) and isinstance(judge_for("textworld"), TextWorldVerifier)
+    with pytest.raises(ValueError, match="TextCraft is always checked"):
+        judge_for("textcraft", "llm", url=endpoint.url, model="m")
+    with pytest.raises(ValueError, match="base URL and a model"):
+        judge_for("textworld", "llm", model="m")

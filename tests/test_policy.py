@@ -176,3 +176,23 @@ def test_the_cache_grows_past_its_first_allocation(policy, monkeypatch):
     got = policy.generate(prompts, params)
     assert [g.token_ids for g in got] == [g.token_ids for g in want]
     assert all(len(g.token_ids) == 12 or g.finish_reason == "eos" for g in got)
+
+
+def test_sampling_follows_the_distribution_and_the_nucleus():
+    """The inverse-CDF sampler: frequencies match softmax(logits / T) (a chi-square bound),
+    a zero-probability token is never drawn, and top_p keeps only the nucleus."""
+    from sera_core.policy.hf import _sample
+
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0, float("-inf")])
+    params = SamplingParams(temperature=0.7, max_new_tokens=1)
+    g = torch.Generator().manual_seed(0)
+    n = 20_000
+    counts = torch.bincount(torch.tensor([_sample(logits, params, g) for _ in range(n)]), minlength=5).double()
+    expected = torch.softmax(logits / 0.7, dim=-1).double() * n
+    assert counts[4] == 0
+    chi2 = float(((counts[:4] - expected[:4]) ** 2 / expected[:4]).sum())
+    assert chi2 < 16.3, chi2  # 3 degrees of freedom, p = 0.001
+    nucleus = SamplingParams(temperature=1.0, top_p=0.7, max_new_tokens=1)
+    drawn = {_sample(logits, nucleus, g) for _ in range(2_000)}
+    assert drawn == {0, 1}  # p = .64, .24, .09, ...: the smallest set reaching 0.7 is the first two
+    assert _sample(logits, SamplingParams(temperature=0.0, max_new_tokens=1), g) == 0

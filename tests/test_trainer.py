@@ -219,3 +219,27 @@ def test_a_tracker_that_is_not_installed_fails_the_config(tmp_path):
         pytest.skip("wandb is installed here")
     with pytest.raises(ConfigError, match="log_with.*wandb package is not installed"):
         golden_config(tmp_path, log_with="wandb")
+
+
+@pytest.mark.parametrize("method", ["sera", "rao"])
+def test_judge_calls_count_only_what_the_method_asks_for(tmp_path, method):
+    """Table 2's supervision cost: SERA's execution updates score children with rubrics and
+    ask the judge nothing; RAO's reward is every child's label. Rollouts by the scripted
+    expert in delegate mode (the fixture model never delegates), trained as the model's own."""
+    from sera_core.envs.textcraft.tasks import generate_split
+    from sera_core.policy.expert import ExpertPolicy
+
+    tasks = tmp_path / "medium.jsonl"
+    write_jsonl(tasks, [t for t in generate_split("train") if t["misc"]["difficulty"] == "medium"][:2])
+    cfg = load_config(CONFIGS / "textcraft" / f"{method}_tiny.yaml", model=str(FIXTURE), tasks=str(tasks),
+                      tasks_per_step=2, trees_per_task=1, schedule="execution:1", max_steps=1,
+                      out=str(tmp_path / "run"))
+    trainer = Trainer(cfg, progress=False)
+    trainer.policy = ExpertPolicy(trainer.tokenizer)
+    row = trainer.step()
+    assert row["delegations"] > 0
+    if method == "rao":  # every child is labelled (a delegation may run more than one child agent)
+        assert row["judge_calls"] >= row["delegations"]
+    else:
+        assert row["judge_calls"] == 0
+    assert row["judge_tokens"] == 0  # program checks spend no tokens

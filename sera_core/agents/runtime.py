@@ -62,7 +62,7 @@ from sera_core.agents.actors import Actor, Call
 from sera_core.agents.adapters import adapter_for
 from sera_core.agents.prompts import agent_messages, rubric_messages, score_messages, tools_text
 from sera_core.agents.tree import Node, Tree, build_turn, graft, launch_spans, subtree
-from sera_core.judges import LLMJudge
+from sera_core.judges import CanonicalOrLLM, LLMJudge
 from sera_core.policy.base import SamplingParams
 from sera_core.rubrics import (
     GLOBAL_RUBRIC,
@@ -293,11 +293,17 @@ class Runtime:
         tree.meta.update(forks=shared.forks, groups=len(shared.points))
         return Rollout(tree, shared.points, round(time.perf_counter() - t0, 4))
 
-    async def rollouts(self, records: Sequence[dict], *, trees: int = 1, progress: bool = False) -> list[Rollout]:
+    async def rollouts(self, records: Sequence[dict], *, trees: int = 1, progress: bool = False,
+                       part: tuple[int, int] = (0, 1)) -> list[Rollout]:
         """``trees`` rollouts of every record, all concurrently (batched through one actor).
 
-        Tree ids are ``{task_id}/t{k}``; results come back in input order."""
-        jobs = [(rec, f"{self.adapter.task_id(rec)}/t{k}") for rec in records for k in range(trees)]
+        Tree ids are ``{task_id}/t{k}``; results come back in input order. ``part=(i, n)``
+        plays only the trees ``i::n`` of that order (process ``i`` of ``n``): a tree's seed
+        derives from its id, so the union of the parts equals one run of all trees."""
+        index, count = part
+        if not 0 <= index < count:
+            raise ValueError(f"part {part}: need 0 <= index < count")
+        jobs = [(rec, f"{self.adapter.task_id(rec)}/t{k}") for rec in records for k in range(trees)][index::count]
         bar = tqdm(total=len(jobs), desc=f"rollouts {self.adapter.name}", disable=not progress)
 
         async def one(rec: dict, tid: str) -> Rollout:
@@ -311,11 +317,12 @@ class Runtime:
         finally:
             bar.close()
 
-    def run(self, records: Sequence[dict], *, trees: int = 1, progress: bool = False) -> list[Rollout]:
+    def run(self, records: Sequence[dict], *, trees: int = 1, progress: bool = False,
+            part: tuple[int, int] = (0, 1)) -> list[Rollout]:
         """Synchronous :meth:`rollouts`. Called while an event loop runs in this thread
         (a notebook cell, the trainer inside one), it runs the rollouts on a fresh loop in a
         worker thread and waits; ``await rollouts(...)`` avoids that thread."""
-        return run_sync(lambda: self.rollouts(records, trees=trees, progress=progress))
+        return run_sync(lambda: self.rollouts(records, trees=trees, progress=progress, part=part))
 
     # -- agents ------------------------------------------------------------------------
     async def _run_agent(self, env: Any, node: Node, scope: _Scope) -> dict:
@@ -498,6 +505,8 @@ class Runtime:
         """The judge's binary label of a finished child (None: no label)."""
         if isinstance(self.judge, LLMJudge):
             verdict = await asyncio.to_thread(self.judge.judge_env, env)
+        elif isinstance(self.judge, CanonicalOrLLM):  # may ask the endpoint: off the event loop
+            verdict = await asyncio.to_thread(self.judge.judge, env)
         else:
             verdict = self.judge.judge(env)
         return verdict.success, verdict.reason

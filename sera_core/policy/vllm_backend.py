@@ -9,7 +9,7 @@ that complete a stop string, as the ``hf`` backend does.
 
 :meth:`VLLMPolicy.load_weights` pushes a trainer's state dict into the running engine
 in place (after every optimizer update), through ``LLM.apply_model`` and the model's
-own ``load_weights``. Exercised by ``scripts/gpu_smoke_vllm.py`` on a GPU machine;
+own ``load_weights``. Exercised by ``scripts/gpu_check.py`` (``make gpu-check``) on a GPU machine;
 not yet run (no GPU was lent to the session that wrote it).
 """
 

@@ -14,9 +14,12 @@ groups of 8 and reports ``mixed_groups`` (the share of groups with both outcomes
 branches really differ) and the scorer's ``pairwise_accuracy`` on them against the
 checker's labels.
 
-With ``save``, the figures are written to that JSON file after each benchmark and each
-group run, and a rerun with the same file skips what it already holds: a measurement of
-an hour or more resumes after an interruption with nothing lost.
+Tasks are played one difficulty at a time (all tasks of a difficulty concurrently, batched);
+``seconds_per_task`` is each run's wall time over its task count (2 cores: what a user waits).
+With ``save``, each difficulty's trees go to ``SAVE.<env>.<difficulty>.trees.jsonl`` as soon
+as its run ends and the figures to ``SAVE`` after each benchmark and each group run; a rerun
+with the same file skips what is already there: a measurement of hours resumes after an
+interruption, losing at most the run in progress.
 """
 
 from __future__ import annotations
@@ -24,14 +27,16 @@ from __future__ import annotations
 import ast
 import json
 import os
+import time
 from collections import defaultdict
 from pathlib import Path
 from statistics import fmean
 from typing import Any
 
 from sera_core.agents.actors import PolicyActor
-from sera_core.agents.runtime import Runtime, RuntimeConfig
+from sera_core.agents.runtime import Rollout, Runtime, RuntimeConfig
 from sera_core.agents.summary import summarize
+from sera_core.agents.tree import read_trees, write_trees
 from sera_core.envs.textcraft.env import extract_code
 from sera_core.envs.textworld.protocol import parse_reply
 from sera_core.policy.hf import HFPolicy
@@ -77,7 +82,7 @@ def _figures(rollouts: list, env: str) -> dict[str, Any]:
 def measure(model: str | os.PathLike, tasks: dict[str, list[dict]], *, groups: int = 0, seed: int = 0,
             max_batch: int = 64, progress: bool = False, save: str | os.PathLike | None = None) -> dict[str, Any]:
     """Figures of ``model`` on ``tasks`` (``{"textcraft": [...], "textworld": [...]}``);
-    ``progress`` shows a progress bar per run; ``save`` keeps partial figures (module docstring)."""
+    ``progress`` shows a progress bar per run; ``save`` keeps partial results (module docstring)."""
     save = Path(save) if save is not None else None
     out: dict[str, Any] = json.loads(save.read_text()) if save is not None and save.exists() else {}
     policy = None
@@ -92,9 +97,26 @@ def measure(model: str | os.PathLike, tasks: dict[str, list[dict]], *, groups: i
             continue
         policy = policy or HFPolicy(model)  # a model or adapter folder (the embedded policy is an adapter)
         if env not in out:
-            greedy = RuntimeConfig(temperature=0.0, rubric_temperature=0.0, seed=seed)
-            rollouts = Runtime(env, PolicyActor(policy, max_batch=max_batch), greedy).run(env_tasks, progress=progress)
-            out[env] = _figures(rollouts, env)
+            rollouts, seconds = [], {}
+            for level in dict.fromkeys(_difficulty(t) for t in env_tasks):
+                part = [t for t in env_tasks if _difficulty(t) == level]
+                kept = save.with_name(f"{save.name}.{env}.{level}.trees.jsonl") if save is not None else None
+                if kept is not None and kept.exists():
+                    trees, wall = read_trees(kept), None
+                else:
+                    greedy = RuntimeConfig(temperature=0.0, rubric_temperature=0.0, seed=seed)
+                    t0 = time.perf_counter()
+                    trees = [r.tree for r in Runtime(env, PolicyActor(policy, max_batch=max_batch), greedy).run(
+                        part, progress=progress)]
+                    wall = time.perf_counter() - t0
+                    for tree in trees:
+                        tree.meta["measure_seconds"] = round(wall / len(trees), 2)
+                    if kept is not None:
+                        write_trees(kept, trees)
+                rollouts += [Rollout(t) for t in trees]
+                seconds[level] = wall / len(trees) if wall is not None else trees[0].meta.get("measure_seconds")
+            out[env] = _figures(rollouts, env) | {"seconds_per_task": {k: round(v, 1) for k, v in seconds.items()
+                                                                       if v is not None}}
             keep()
         if groups:
             sampled = RuntimeConfig(temperature=1.0, counterfactual=8, seed=seed)
@@ -105,3 +127,7 @@ def measure(model: str | os.PathLike, tasks: dict[str, list[dict]], *, groups: i
             out[env]["pairwise_accuracy"] = counted["mean_pairwise_accuracy"]
             keep()
     return out
+
+
+def _difficulty(task: dict) -> str:
+    return str(task.get("difficulty", (task.get("misc") or {}).get("difficulty")))

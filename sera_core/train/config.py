@@ -85,6 +85,21 @@ class TrainConfig:
     """OpenAI-compatible endpoint of the external writer/scorer (``external`` only)."""
     external_model: str | None = None
     """Model name sent to the external endpoint."""
+    judge: str = "program"
+    """Who labels children and branches: ``program`` (TextCraft's checker; TextWorld's
+    canonical-goal checker, which leaves free-form goals unlabelled) or ``llm`` (TextWorld:
+    canonical goals by the program, free-form ones by an OpenAI-compatible LLM judge, the
+    paper's Kimi; key in ``$SERA_JUDGE_API_KEY``)."""
+    judge_url: str | None = None
+    """Base URL of the LLM judge's endpoint (``judge: llm``)."""
+    judge_model: str | None = None
+    """Model name sent to the LLM judge."""
+    judge_cache: str | None = None
+    """JSONL response cache of the LLM judge (reruns and resumes ask nothing twice)."""
+    judge_timeout_s: float = 60.0
+    """Seconds per LLM judge request."""
+    judge_max_retries: int = 4
+    """Retries of an LLM judge request (timeouts, 429, 5xx); then the branch has no label."""
     malformed_policy: str = "drop_trajectory"
     """What a malformed rubric or score does: ``drop_trajectory``, ``drop_rollout`` or ``binary_fallback``."""
     rubric_variant: str = "ranking"
@@ -187,11 +202,11 @@ _CHOICES = {
     "rubric_writer": ("policy", "global", "external"), "scorer": ("policy", "external"),
     "malformed_policy": ("drop_trajectory", "drop_rollout", "binary_fallback"),
     "rubric_variant": RUBRIC_VARIANTS, "loss": LOSSES, "mixed_precision": ("no", "bf16"),
-    "log_with": ("none", "tensorboard", "wandb"),
+    "log_with": ("none", "tensorboard", "wandb"), "judge": ("program", "llm"),
 }
 _POSITIVE_INTS = ("tasks_per_step", "trees_per_task", "max_steps_per_agent", "micro_batch_tokens", "max_steps",
                   "checkpoint_every")
-_NONNEG_INTS = ("max_depth", "counterfactual", "fork_cap", "seed", "gpus")
+_NONNEG_INTS = ("max_depth", "counterfactual", "fork_cap", "seed", "gpus", "judge_max_retries")
 
 
 def _is_int(x: Any) -> bool:
@@ -221,7 +236,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     for key in ("max_new_tokens", "max_context_tokens"):
         if getattr(cfg, key) is not None and not (_is_int(getattr(cfg, key)) and getattr(cfg, key) >= 1):
             raise bad(key, "must be null or an integer >= 1")
-    for key in ("lr", "grad_clip", "temperature", "grpo_eps"):
+    for key in ("lr", "grad_clip", "temperature", "grpo_eps", "judge_timeout_s"):
         if not (_is_num(getattr(cfg, key)) and getattr(cfg, key) > 0):
             raise bad(key, "must be a finite number > 0")
     for key in ("weight_decay", "spread_weight", "clip_low"):
@@ -255,6 +270,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise bad("rubric_writer", "a rubric_generation stage trains the policy's rubrics: the writer must be 'policy'")
     if "external" in (cfg.rubric_writer, cfg.scorer) and not cfg.external_url:
         raise bad("external_url", "an external rubric writer or scorer needs an endpoint")
+    if cfg.judge == "llm" and cfg.env != "textworld":
+        raise bad("judge", "an LLM judge labels TextWorld subtasks; TextCraft is always checked by its program")
+    if cfg.judge == "llm" and not (cfg.judge_url and cfg.judge_model):
+        raise bad("judge_url", "judge 'llm' needs judge_url and judge_model")
     if cfg.backend == "vllm" and cfg.mixed_precision != "bf16":
         raise bad("mixed_precision", "the vllm backend runs on GPUs in bf16")
     if cfg.task_format == "official" and cfg.tasks in ("train", "val", "test"):

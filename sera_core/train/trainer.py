@@ -29,10 +29,16 @@ from ``(seed, version)``, so an interrupted run and an uninterrupted one write t
 metrics at the same versions. A checkpoint whose files are missing or do not match their
 hashes is refused with :class:`CheckpointError`.
 
-Distributed (``accelerate launch`` with FSDP): each process plays the tasks
-``i::num_processes`` of the update's draw (all trees of one task stay on one process, so
-the execution and launch baselines are local), the rubric groups' rewards are gathered for
-the batch-wide LOO, and the token count of the token mean is summed over processes.
+Distributed (``accelerate launch``, DDP or FSDP, ``P`` processes): process ``i`` plays the
+trees ``i::P`` of the update (split by tree, not by task: 8 tasks x 4 trees keep 16
+processes busy), then every process receives every tree (``gather_object``) and computes
+the same rewards, advantages (LOO baselines, zero-variance filter, depth weights
+``w_d = N / (D n_d)``) and token rows over the whole batch, so the CISPO normaliser
+``N_tokens`` and the depth weights are global by construction. The rows' micro-batches are
+dealt round-robin and padded with zero-weight micro-batches (``update.process_share``), so
+every process runs the same number of forward/backward passes and collectives whatever
+the task count, and the update equals the one-process update (tested with 3 CPU
+processes: tests/test_distributed.py).
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from tqdm.auto import tqdm
 from sera_core.agents.actors import PolicyActor
 from sera_core.agents.runtime import Rollout, Runtime
 from sera_core.agents.summary import summarize
+from sera_core.judges import make_judge
 from sera_core.rewards.execution import execution_datums
 from sera_core.rewards.leaf_credit import leaf_datums
 from sera_core.rewards.rubric_ranking import kept_points, rubric_datums
@@ -76,10 +83,14 @@ METRICS = (
     "datums", "datums_filtered", "reward_mean", "advantage_mean", "advantage_std",
     "loss", "grad_norm", "clip_fraction_low", "clip_fraction_high", "ratio_mean", "tokens_trained",
     "tokens_execution", "tokens_launch", "tokens_rubric", "tokens_score",
-    "judge_calls", "external_calls", "external_tokens",
+    "judge_calls", "judge_tokens", "external_calls", "external_tokens",
     "seconds_generation", "seconds_environment", "seconds_update", "seconds",
 )
 """The columns of ``metrics.csv`` (one row per update)."""
+
+
+OPERATIONAL = ("max_steps", "checkpoint_every", "log_with", "judge_cache", "judge_timeout_s", "judge_max_retries")
+"""Config keys a resumed run may change (they do not change what is trained)."""
 
 
 class CheckpointError(RuntimeError):
@@ -91,7 +102,7 @@ class TimedPolicy:
 
     def __init__(self, policy: Any):
         self.policy, self.seconds = policy, 0.0
-        self.tokenizer = policy.tokenizer
+        self.tokenizer = getattr(policy, "tokenizer", None)  # none on the scripted expert (an actor itself)
 
     def generate(self, prompts, params):
         t0 = time.perf_counter()
@@ -207,8 +218,11 @@ class Trainer:
         self.policy = self._policy(path)
         self.tasks = load_tasks(cfg)
         self.version = 0
-        self.counters = {"tokens_trained": 0, "judge_calls": 0, "external_calls": 0, "external_tokens": 0}
+        self.counters = {"tokens_trained": 0, "judge_calls": 0, "judge_tokens": 0, "external_calls": 0,
+                         "external_tokens": 0}
         self.external = self._external()
+        self.judge = make_judge(cfg.env, cfg.judge, url=cfg.judge_url, model=cfg.judge_model, cache=cfg.judge_cache,
+                                timeout_s=cfg.judge_timeout_s, max_retries=cfg.judge_max_retries)
 
     # -- setup -------------------------------------------------------------------------
     def _policy(self, path: Path):
@@ -244,16 +258,37 @@ class Trainer:
 
     # -- one update --------------------------------------------------------------------
     def batch_tasks(self, version: int) -> list[dict]:
-        """This process's share of the update's root tasks (module docstring)."""
+        """The update's root tasks (the same draw on every process)."""
         rng = random.Random(derive_seed(self.cfg.seed, "tasks", version))
-        drawn = rng.sample(self.tasks, min(self.cfg.tasks_per_step, len(self.tasks)))
-        return drawn[self.accelerator.process_index::self.accelerator.num_processes]
+        return rng.sample(self.tasks, min(self.cfg.tasks_per_step, len(self.tasks)))
+
+    @property
+    def part(self) -> tuple[int, int]:
+        """``(process index, processes)``: this process's share of trees and micro-batches."""
+        return self.accelerator.process_index, self.accelerator.num_processes
+
+    def play(self, stage: Stage, version: int, policy: Any) -> list[Rollout]:
+        """Every tree of the update, in one order on every process: this process plays
+        trees ``i::P`` (module docstring), then the processes exchange them."""
+        mine = self.runtime(stage, version, policy).run(self.batch_tasks(version), trees=self.cfg.trees_per_task,
+                                                        progress=False, part=self.part)
+        index, count = self.part
+        if count == 1:
+            return mine
+        from accelerate.utils import gather_object
+
+        shares = gather_object([mine])  # one list per process; tree j was played by process j % P
+        return [shares[j % count][j // count] for j in range(sum(map(len, shares)))]
 
     def runtime(self, stage: Stage, version: int, policy: Any) -> Runtime:
         cfg = self.cfg
+        # only RAO's rewards need every child labelled; counterfactual branches are always labelled
         rc = cfg.rollout_settings(branches=stage.counterfactual, seed=derive_seed(cfg.seed, "rollouts", version),
-                                  label_children=True)
-        return Runtime(cfg.env, PolicyActor(policy), rc, external=self.external, official=cfg.task_format == "official")
+                                  label_children=cfg.child_reward == "label")
+        # a token-level policy is batched by an actor; the scripted expert is an actor itself
+        actor = policy if hasattr(policy, "complete") else PolicyActor(policy)
+        return Runtime(cfg.env, actor, rc, judge=self.judge, external=self.external,
+                       official=cfg.task_format == "official")
 
     def advantages(self, stage: Stage, rollouts: list[Rollout]) -> tuple[list[Advantage], int]:
         """The stage's advantages, depth-weighted when configured, and how many datums
@@ -269,22 +304,11 @@ class Trainer:
             filtered = len(datums) - len(adv)
         else:
             datums = rubric_datums(kept_points(rollouts), cfg.rubric_variant, cfg.spread_weight)
-            batch = self._gather_rubric(datums)
-            mine = set(datums)
-            every = rubric_advantages(batch, filter_zero_variance=cfg.filter_zero_variance)
-            filtered = len(batch) - len(every)
-            adv = [a for a in every if a.datum in mine]
+            adv = rubric_advantages(datums, filter_zero_variance=cfg.filter_zero_variance)
+            filtered = len(datums) - len(adv)
         if cfg.depth_weighting:
             adv = depth_weighted(adv)
         return adv, filtered
-
-    def _gather_rubric(self, datums: list) -> list:
-        """Every process's rubric datums (the rubric LOO runs across the whole batch)."""
-        if self.accelerator.num_processes == 1:
-            return datums
-        from accelerate.utils import gather_object
-
-        return list(gather_object(datums))
 
     def step(self) -> dict[str, Any]:
         """One update at ``self.version``; returns its metrics row."""
@@ -295,43 +319,74 @@ class Trainer:
         model = self.accelerator.unwrap_model(self.model)
         model.eval()
         timed = TimedPolicy(self.policy)
-        rollouts = self.runtime(stage, v, timed).run(self.batch_tasks(v), trees=cfg.trees_per_task,
-                                                     progress=False)
+        spent = self._supervision()
+        rollouts = self.play(stage, v, timed)
+        self._count_supervision(spent)
         t_rollout = time.perf_counter() - t0
+        adv, filtered, stats, grad_norm = self.update(stage, rollouts)
+        t_update = time.perf_counter() - t0 - t_rollout
+        self.version += 1
+        return self._metrics(v, stage, rollouts, adv, filtered, stats, grad_norm, timed.seconds,
+                             t_rollout, t_update, time.perf_counter() - t0)
+
+    def update(self, stage: Stage, rollouts: list[Rollout]) -> tuple[list[Advantage], int, dict[str, float], float]:
+        """One optimizer step on the stage's objective over ``rollouts`` (every tree of the
+        update, on every process); the rollout policy then follows the new weights. Returns
+        the advantages, the datums zero-variance filtering dropped, the loss statistics of
+        the whole update and the gradient norm before clipping."""
+        cfg = self.cfg
+        model = self.accelerator.unwrap_model(self.model)
         adv, filtered = self.advantages(stage, rollouts)
         rows = token_rows({r.tree.tree_id: r.tree for r in rollouts}, adv)
-        tokens = torch.tensor(sum(r.tokens for r in rows), device=self.accelerator.device)
-        total_tokens = int(self.accelerator.reduce(tokens, "sum")) if self.accelerator.num_processes > 1 else int(tokens)
-        t1 = time.perf_counter()
         model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        stats = loss_and_backward(self.model, rows, pad_id=self.tokenizer.pad_token_id, total_tokens=total_tokens,
-                                  micro_batch_tokens=cfg.micro_batch_tokens, loss=cfg.loss,
-                                  cispo=CISPOConfig(cfg.clip_low, cfg.clip_high), grpo_eps=cfg.grpo_eps,
-                                  backward=self.accelerator.backward)
+        stats = loss_and_backward(self.model, rows, pad_id=self.tokenizer.pad_token_id,
+                                  total_tokens=sum(r.tokens for r in rows), micro_batch_tokens=cfg.micro_batch_tokens,
+                                  loss=cfg.loss, cispo=CISPOConfig(cfg.clip_low, cfg.clip_high), grpo_eps=cfg.grpo_eps,
+                                  backward=self.accelerator.backward, part=self.part)
         grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), cfg.grad_clip) if rows else 0.0
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         model.eval()
         self._sync_policy()
-        t_update = time.perf_counter() - t1
-        self.version += 1
-        return self._metrics(v, stage, rollouts, adv, filtered, stats, float(grad_norm), timed.seconds,
-                             t_rollout, t_update, time.perf_counter() - t0)
+        return adv, filtered, self._whole_batch(stats), float(grad_norm)
+
+    def _supervision(self) -> list[int]:
+        """This process's cumulative judge calls and input tokens, external writer/scorer
+        calls and tokens (in the order of :meth:`_count_supervision`)."""
+        judge = self.judge.stats_snapshot()
+        ext = self.external.stats.as_dict() if self.external is not None else dict.fromkeys(judge, 0)
+        return [judge["calls"], judge["input_tokens"], ext["calls"], ext["input_tokens"] + ext["output_tokens"]]
+
+    def _count_supervision(self, before: list[int]) -> None:
+        """Add what the judge and the external writer/scorer spent since ``before``, on all
+        processes, to the counters: only the calls this method made (Table 2's cost)."""
+        spent = torch.tensor([a - b for a, b in zip(self._supervision(), before, strict=True)], dtype=torch.int64,
+                             device=self.accelerator.device)
+        if self.part[1] > 1:
+            spent = self.accelerator.reduce(spent, "sum")
+        for key, n in zip(("judge_calls", "judge_tokens", "external_calls", "external_tokens"), spent.tolist(),
+                          strict=True):
+            self.counters[key] += int(n)
+
+    def _whole_batch(self, stats: dict[str, float]) -> dict[str, float]:
+        """The loss, tokens and clip statistics of the whole update from each process's
+        share (sums over processes; means weighted by tokens)."""
+        if self.part[1] == 1:
+            return stats
+        keys = ("loss", "tokens", "clip_fraction_low_sum", "clip_fraction_high_sum", "ratio_mean_sum")
+        total = self.accelerator.reduce(torch.tensor([stats[k] for k in keys], dtype=torch.float64,
+                                                     device=self.accelerator.device), "sum").tolist()
+        out = dict(zip(keys, total, strict=True))
+        n = out["tokens"]
+        return out | {k[:-4]: (out[k] / n if n else 0.0) for k in keys[2:]}
 
     def _metrics(self, v: int, stage: Stage, rollouts: list[Rollout], adv: list[Advantage], filtered: int,
                  stats: dict, grad_norm: float, t_gen: float, t_rollout: float, t_update: float, seconds: float) -> dict:
         summary = summarize(rollouts)
         values = [a.value for a in adv]
         calls = summary["scores"]["scored"] + summary["scores"]["malformed"]
-        judge = sum(1 for r in rollouts for n in r.tree.nodes.values() if n.label is not None)
-        judge += sum(1 for r in rollouts for p in r.points for lab in p["labels"][1:] if lab is not None)
         self.counters["tokens_trained"] += int(stats["tokens"])
-        self.counters["judge_calls"] += judge
-        if self.external is not None:
-            ext = self.external.stats.as_dict()
-            self.counters["external_calls"], self.counters["external_tokens"] = (
-                ext["calls"], ext["input_tokens"] + ext["output_tokens"])
         return {
             "version": v, "stage": stage.name, "cycle": stage.cycle, "tasks": len({r.tree.task_id for r in rollouts}),
             "trees": summary["trees"], "root_success": summary["root_success_rate"], "agents": summary["agents"],
@@ -347,7 +402,8 @@ class Trainer:
             "clip_fraction_low": round(stats["clip_fraction_low"], 6), "clip_fraction_high": round(stats["clip_fraction_high"], 6),
             "ratio_mean": round(stats["ratio_mean"], 6), "tokens_trained": int(stats["tokens"]),
             **{f"tokens_{role}": n for role, n in summary["tokens"].items()},
-            "judge_calls": self.counters["judge_calls"], "external_calls": self.counters["external_calls"],
+            "judge_calls": self.counters["judge_calls"], "judge_tokens": self.counters["judge_tokens"],
+            "external_calls": self.counters["external_calls"],
             "external_tokens": self.counters["external_tokens"],
             "seconds_generation": round(t_gen, 3), "seconds_environment": round(max(0.0, t_rollout - t_gen), 3),
             "seconds_update": round(t_update, 3), "seconds": round(seconds, 3),
@@ -451,12 +507,12 @@ class Trainer:
 
         state = read_checkpoint(path)
         mine, theirs = self.cfg.to_json(), state["config"]
-        changed = sorted(k for k in mine if k not in ("max_steps", "checkpoint_every", "log_with") and mine[k] != theirs.get(k))
+        changed = sorted(k for k in mine if k not in OPERATIONAL and mine[k] != theirs.get(k))
         if changed:
             raise CheckpointError(f"{path}: written with another config (differs in {', '.join(changed)})")
         load_trained(self.accelerator.unwrap_model(self.model), path / "model.safetensors")
         self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
-        self.version, self.counters = state["version"], dict(state["counters"])
+        self.version, self.counters = state["version"], self.counters | state["counters"]
         self._sync_policy()  # the next rollouts sample from the loaded weights, not the initial ones
 
 

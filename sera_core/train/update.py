@@ -16,8 +16,16 @@ tokens, computes ``log pi_theta`` of every trained token, and back-propagates::
 (``CISPOConfig(reduction="sum")`` leaves out the division: ``sum_{rows, trained t} loss_t``.)
 
 with ``loss_t`` CISPO's ``-sg(clip(rho_t, c_min, c_max)) A_t log pi_theta(a_t|h_t)`` (or
-GRPO's clipped surrogate). ``N_tokens`` counts every trained token of the update (on
-every process when training is distributed), so micro-batching changes nothing but memory.
+GRPO's clipped surrogate). ``N_tokens`` counts every trained token of the update, so
+micro-batching changes nothing but memory.
+
+Distributed (``part=(i, P)``): every process holds all the update's rows (so ``N_tokens``
+and the depth weights are the whole batch's), cuts them into the same micro-batches and
+runs micro-batches ``i::P``, padded with zero-weight micro-batches (a real row with no
+trained position: a forward and backward pass that adds nothing) so that every process
+runs ``ceil(M / P)`` of them and enters every collective of FSDP or DDP. DDP and FSDP
+average gradients over processes, so each process scales its loss by ``P``: the averaged
+gradient is the gradient of the one-process loss.
 """
 
 from __future__ import annotations
@@ -134,14 +142,32 @@ def rescored(model, rows: Sequence[TokenRow], *, pad_id: int, micro_batch_tokens
     return out
 
 
+def process_share(groups: Sequence[list[TokenRow]], part: tuple[int, int]) -> list[list[TokenRow]]:
+    """Micro-batches ``i::P`` of ``groups`` for ``part=(i, P)``, padded to ``ceil(M / P)``
+    with zero-weight copies of the first row (module docstring); ``[]`` when ``M = 0``."""
+    index, count = part
+    if not 0 <= index < count:
+        raise ValueError(f"part {part}: need 0 <= index < count")
+    mine = list(groups[index::count])
+    if groups:
+        first = groups[0][0]
+        idle = TokenRow(first.ids, (False,) * len(first.ids), (0.0,) * len(first.ids), (0.0,) * len(first.ids))
+        mine += [[idle]] * (-(-len(groups) // count) - len(mine))
+    return mine
+
+
 def loss_and_backward(model, rows: Sequence[TokenRow], *, pad_id: int, total_tokens: int, micro_batch_tokens: int,
                       loss: str = "cispo", cispo: CISPOConfig | None = None, grpo_eps: float = 0.2,
-                      backward: Callable[[torch.Tensor], None] | None = None) -> dict[str, float]:
+                      backward: Callable[[torch.Tensor], None] | None = None,
+                      part: tuple[int, int] = (0, 1)) -> dict[str, float]:
     """Back-propagate the update's loss (module docstring) micro-batch by micro-batch.
 
-    ``total_tokens``: ``N_tokens`` of the whole update (all processes). ``backward``:
-    how to back-propagate (``accelerator.backward``; default ``Tensor.backward``).
-    Returns the loss and the token-weighted clip statistics of the rows."""
+    ``rows``: all the update's rows (every process passes the same). ``total_tokens``:
+    ``N_tokens`` of the whole update. ``backward``: how to back-propagate
+    (``accelerator.backward``; default ``Tensor.backward``). ``part=(i, P)``: this
+    process's share (module docstring). Returns this process's share of the loss, its
+    trained tokens and the sums of its clip statistics over tokens (``*_sum``: add them
+    over processes, divide by the tokens) and their token-weighted means."""
     device = next(model.parameters()).device
     backward = backward or (lambda t: t.backward())
     bounds = cispo or CISPOConfig()
@@ -149,7 +175,7 @@ def loss_and_backward(model, rows: Sequence[TokenRow], *, pad_id: int, total_tok
     # update's N_tokens for ``token_mean`` (the paper's), left as it is for ``sum``
     scale = 1.0 / max(total_tokens, 1) if loss == "grpo" or bounds.reduction == "token_mean" else 1.0
     sums = {"loss": 0.0, "clip_fraction_low": 0.0, "clip_fraction_high": 0.0, "ratio_mean": 0.0, "tokens": 0.0}
-    for group in micro_batches(rows, micro_batch_tokens):
+    for group in process_share(micro_batches(rows, micro_batch_tokens), part):
         b = _tensors(group, pad_id, device)
         logp = sequence_logprobs(model, b["input_ids"], b["attention_mask"])
         mask, old, adv = b["trained"][:, 1:], b["old"][:, 1:], b["advantage"][:, 1:]
@@ -157,12 +183,12 @@ def loss_and_backward(model, rows: Sequence[TokenRow], *, pad_id: int, total_tok
             total, stats = grpo_loss(logp, old, adv, mask, eps=grpo_eps)
         else:
             total, stats = cispo_loss(logp, old, adv, mask, cfg=CISPOConfig(bounds.clip_low, bounds.clip_high, "sum"))
-        scaled = total * scale
-        backward(scaled)
-        sums["loss"] += float(scaled.detach())
+        backward(total * (scale * part[1]))  # x P: the processes' gradients are averaged
+        sums["loss"] += float(total.detach()) * scale
         for key in ("clip_fraction_low", "clip_fraction_high", "ratio_mean"):
             sums[key] += stats[key] * stats["tokens"]
         sums["tokens"] += stats["tokens"]
     n = sums["tokens"]
-    return {"loss": sums["loss"], "tokens": n, **{k: (sums[k] / n if n else 0.0)
-                                                  for k in ("clip_fraction_low", "clip_fraction_high", "ratio_mean")}}
+    keys = ("clip_fraction_low", "clip_fraction_high", "ratio_mean")
+    return {"loss": sums["loss"], "tokens": n, **{f"{k}_sum": sums[k] for k in keys},
+            **{k: (sums[k] / n if n else 0.0) for k in keys}}

@@ -1,0 +1,62 @@
+"""One process of the multi-process training check (tests/test_distributed.py).
+
+Launched as ``accelerate launch --cpu --num_processes 3 tests/distributed_run.py OUT``, or
+run alone (``python tests/distributed_run.py OUT``) for the one-process reference. With the
+from-scratch fixture model as the trained model:
+
+1. three updates (execution, delegation, rubric generation) through ``Trainer.play`` and
+   ``Trainer.update`` on trees played by the noisy expert (mixed rewards, so every stage's
+   execution advantages are non-zero; zero-variance filtering is off so that every stage's
+   tokens go through the split update): 5 tasks x 2 trees, a count 3 does not divide;
+2. two more updates through ``Trainer.run`` with the model's own rollouts, which writes
+   a checkpoint from the main process between collectives.
+
+The main process writes ``OUT/result.json`` (each update's loss statistics, the datums and
+the trained tokens) and ``OUT/weights.pt`` (every parameter after the five updates).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from sera_core.envs.textcraft.tasks import generate_split
+from sera_core.policy.expert import ExpertPolicy
+from sera_core.tiny.demos import NOISY_CRAFT
+from sera_core.tiny.recipe import ASSETS
+from sera_core.train.config import CONFIGS, load_config
+from sera_core.train.trainer import Trainer
+from sera_core.utils.jsonio import write_jsonl
+
+
+def main(out: Path) -> None:
+    tasks = out / f"tasks.{torch.distributed.get_rank() if torch.distributed.is_initialized() else 0}.jsonl"
+    out.mkdir(parents=True, exist_ok=True)
+    write_jsonl(tasks, [t for t in generate_split("train") if t["misc"]["difficulty"] == "medium"][:5])
+    cfg = load_config(CONFIGS / "textcraft" / "sera_tiny.yaml", model=str(ASSETS), tasks=str(tasks), tasks_per_step=5,
+                      trees_per_task=2, schedule="execution:1,delegation:1,rubric_generation:1", counterfactual=4,
+                      fork_cap=8, max_new_tokens=256, max_steps_per_agent=6, micro_batch_tokens=2048, max_steps=5,
+                      checkpoint_every=5, filter_zero_variance=False, out=str(out / "run"))
+    trainer = Trainer(cfg, progress=False)
+    expert = ExpertPolicy(trainer.tokenizer, textcraft=NOISY_CRAFT)
+    updates = []
+    for v in range(3):
+        stage = trainer.stages.stage(v)
+        rollouts = trainer.play(stage, v, expert)
+        adv, filtered, stats, grad_norm = trainer.update(stage, rollouts)
+        trainer.version += 1
+        updates.append({"stage": stage.name, "trees": [r.tree.tree_id for r in rollouts], "datums": len(adv),
+                        "filtered": filtered, "grad_norm": grad_norm, **stats})
+    rows = trainer.run()
+    if trainer.accelerator.is_main_process:
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        torch.save({n: p.detach().clone() for n, p in model.named_parameters()}, out / "weights.pt")
+        (out / "result.json").write_text(json.dumps({"updates": updates, "run_versions": [r["version"] for r in rows],
+                                                     "processes": trainer.part[1]}, indent=1))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

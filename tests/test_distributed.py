@@ -1,0 +1,126 @@
+"""Distributed training on CPU: the update's work split over processes equals the one-process update.
+
+* :func:`~sera_core.train.update.process_share` gives every process the same number of
+  micro-batches (padding with zero-weight ones) and loses none;
+* the processes' scaled gradients, averaged as DDP/FSDP average them, equal the one-process
+  gradient (the normaliser N_tokens is the whole update's);
+* three real processes (``torchrun``, Accelerate's MULTI_CPU over gloo) train five updates of a task
+  count no process count divides and end with the one-process weights (tests/distributed_run.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from sera_core.policy.tiny import TinyModelConfig, default_tokenizer, init_model
+from sera_core.train.update import TokenRow, loss_and_backward, micro_batches, process_share
+
+RUN = Path(__file__).parent / "distributed_run.py"
+
+
+def _rows(n: int) -> list[TokenRow]:
+    g = torch.Generator().manual_seed(1)
+    rows = []
+    for i in range(n):
+        length = 6 + 5 * (i % 4)
+        ids = tuple(torch.randint(5, 400, (length,), generator=g).tolist())
+        trained = tuple(t >= length // 2 for t in range(length))
+        old = tuple(-3.0 - 0.1 * t if m else 0.0 for t, m in enumerate(trained))
+        adv = tuple((1.0 if i % 3 else -0.5) if m else 0.0 for m in trained)
+        rows.append(TokenRow(ids, trained, old, adv))
+    return rows
+
+
+def test_every_process_gets_the_same_number_of_micro_batches_and_none_is_lost():
+    groups = micro_batches(_rows(7), 20)
+    assert len(groups) == 7
+    shares = [process_share(groups, (i, 3)) for i in range(3)]
+    assert [len(s) for s in shares] == [3, 3, 3]
+    real = [g for s in shares for g in s if any(r.tokens for r in g)]
+    assert sorted(map(id, real)) == sorted(map(id, groups))
+    padding = [g for s in shares for g in s if not any(r.tokens for r in g)]
+    assert len(padding) == 2 and all(len(g[0].ids) > 0 and not any(g[0].advantage) for g in padding)
+    assert process_share([], (2, 3)) == []
+    with pytest.raises(ValueError, match="part"):
+        process_share(groups, (3, 3))
+
+
+def test_the_processes_averaged_gradients_equal_the_one_process_gradient():
+    model = init_model(default_tokenizer(), TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                                            num_attention_heads=2, num_key_value_heads=1, head_dim=16), seed=0)
+    rows = _rows(7)
+    n = sum(r.tokens for r in rows)
+
+    def grads(part):
+        m = copy.deepcopy(model)
+        stats = loss_and_backward(m, rows, pad_id=0, total_tokens=n, micro_batch_tokens=20, part=part)
+        return [p.grad.clone() for p in m.parameters()], stats
+
+    whole, stats = grads((0, 1))
+    parts = [grads((i, 3)) for i in range(3)]
+    averaged = [sum(g[k] for g, _ in parts) / 3 for k in range(len(whole))]  # what DDP's all-reduce computes
+    for a, b in zip(averaged, whole, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert sum(s["tokens"] for _, s in parts) == stats["tokens"] == n
+    assert sum(s["loss"] for _, s in parts) == pytest.approx(stats["loss"], rel=1e-5)
+    assert sum(s["ratio_mean_sum"] for _, s in parts) / n == pytest.approx(stats["ratio_mean"], rel=1e-5)
+
+
+def _launch(out: Path, processes: int) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if processes == 1:
+        cmd = [sys.executable, str(RUN), str(out)]
+    else:
+        # `accelerate launch --cpu` starts one process (its multi-CPU path needs MPI); torchrun's
+        # environment (RANK, WORLD_SIZE) makes Accelerate run MULTI_CPU over gloo
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
+               str(RUN), str(out)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((out / "result.json").read_text())
+
+
+@pytest.mark.timeout(1200)
+def test_three_processes_train_like_one(tmp_path):
+    one = _launch(tmp_path / "one", 1)
+    three = _launch(tmp_path / "three", 3)
+    assert three["processes"] == 3 and one["processes"] == 1
+    assert three["run_versions"] == one["run_versions"] == [3, 4]
+    for a, b in zip(three["updates"], one["updates"], strict=True):
+        assert a["trees"] == b["trees"] and len(a["trees"]) == 10
+        assert a["datums"] == b["datums"] and a["tokens"] == b["tokens"]
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-7)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+    assert all(u["tokens"] > 0 for u in one["updates"]) and one["updates"][0]["grad_norm"] > 0  # real updates
+    w1, w3 = torch.load(tmp_path / "one" / "weights.pt"), torch.load(tmp_path / "three" / "weights.pt")
+    assert w1.keys() == w3.keys()
+    for name in w1:
+        torch.testing.assert_close(w3[name], w1[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert (tmp_path / "three" / "run" / "checkpoint" / "state.json").exists()
+
+
+def test_the_gpu_check_builds_its_model_and_configs_without_a_gpu(tmp_path):
+    """``make gpu-check`` with ``--dry-run``: the stand-in Qwen3 is built, both config files
+    are valid (the training config loads; the FSDP file is the shipped one cut to 1 process)."""
+    import yaml
+
+    done = subprocess.run([sys.executable, "scripts/gpu_check.py", "--out", str(tmp_path), "--dry-run"],
+                          capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[1])
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert report["dry_run"] and 50e6 < report["parameters"] < 150e6
+    accel = yaml.safe_load((tmp_path / "fsdp_1gpu.yaml").read_text())
+    assert accel["distributed_type"] == "FSDP" and accel["num_processes"] == 1 and accel["mixed_precision"] == "bf16"
+    from sera_core.train.config import load_config
+
+    cfg = load_config(tmp_path / "train.yaml")
+    assert cfg.backend == "vllm" and cfg.max_steps == 2 and cfg.model == str((tmp_path / "model").resolve())
+    assert (tmp_path / "model" / "config.json").exists()
