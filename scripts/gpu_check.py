@@ -42,14 +42,15 @@ MODEL = TinyModelConfig(hidden_size=768, intermediate_size=2048, num_hidden_laye
 """The stand-in: Qwen3's architecture (GQA, q/k norms, tied embeddings) at about 75M parameters."""
 
 
-def build(out: Path) -> Path:
-    """The random Qwen3 and its tokenizer, saved as a Hugging Face folder ``out/model``."""
+def build(out: Path) -> tuple[Path, int]:
+    """The random Qwen3 and its tokenizer, saved as a Hugging Face folder ``out/model``;
+    the folder and the model's parameter count."""
     path = out / "model"
     tokenizer = default_tokenizer()
     model = init_model(tokenizer, MODEL, seed=0)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
-    return path
+    return path, sum(p.numel() for p in model.parameters())
 
 
 def write_configs(out: Path, model: Path) -> tuple[Path, Path]:
@@ -135,11 +136,10 @@ def main() -> int:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    model = build(args.out)
+    model, params = build(args.out)
     accel_file, train_file = write_configs(args.out, model)
     import torch
 
-    params = sum(p.numel() for p in init_model(default_tokenizer(), MODEL, seed=0).parameters())
     report: dict = {"model": str(model), "parameters": params, "accelerate_config": str(accel_file),
                     "train_config": str(train_file), "dry_run": args.dry_run}
     if args.dry_run:

@@ -504,6 +504,8 @@ class CanonicalOrLLM:
         verdict = self.program.judge(env)
         return verdict if verdict.success is not None else self.llm.judge_env(env)
 
+    judge_env = judge  # judged from an env, like :meth:`LLMJudge.judge_env`
+
     def stats_snapshot(self) -> dict[str, int]:
         a, b = self.program.stats_snapshot(), self.llm.stats_snapshot()
         return {k: a[k] + b[k] for k in a}

@@ -503,10 +503,8 @@ class Runtime:
 
     async def _label(self, env: Any) -> tuple[bool | None, str]:
         """The judge's binary label of a finished child (None: no label)."""
-        if isinstance(self.judge, LLMJudge):
+        if isinstance(self.judge, (LLMJudge, CanonicalOrLLM)):  # may ask an endpoint: off the event loop
             verdict = await asyncio.to_thread(self.judge.judge_env, env)
-        elif isinstance(self.judge, CanonicalOrLLM):  # may ask the endpoint: off the event loop
-            verdict = await asyncio.to_thread(self.judge.judge, env)
         else:
             verdict = self.judge.judge(env)
         return verdict.success, verdict.reason

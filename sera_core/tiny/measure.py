@@ -102,7 +102,7 @@ def measure(model: str | os.PathLike, tasks: dict[str, list[dict]], *, groups: i
                 part = [t for t in env_tasks if _difficulty(t) == level]
                 kept = save.with_name(f"{save.name}.{env}.{level}.trees.jsonl") if save is not None else None
                 if kept is not None and kept.exists():
-                    trees, wall = read_trees(kept), None
+                    trees = read_trees(kept)
                 else:
                     greedy = RuntimeConfig(temperature=0.0, rubric_temperature=0.0, seed=seed)
                     t0 = time.perf_counter()
@@ -114,9 +114,8 @@ def measure(model: str | os.PathLike, tasks: dict[str, list[dict]], *, groups: i
                     if kept is not None:
                         write_trees(kept, trees)
                 rollouts += [Rollout(t) for t in trees]
-                seconds[level] = wall / len(trees) if wall is not None else trees[0].meta.get("measure_seconds")
-            out[env] = _figures(rollouts, env) | {"seconds_per_task": {k: round(v, 1) for k, v in seconds.items()
-                                                                       if v is not None}}
+                seconds[level] = round(trees[0].meta["measure_seconds"], 1)  # set on every tree of the run
+            out[env] = _figures(rollouts, env) | {"seconds_per_task": seconds}
             keep()
         if groups:
             sampled = RuntimeConfig(temperature=1.0, counterfactual=8, seed=seed)

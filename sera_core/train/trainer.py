@@ -272,7 +272,7 @@ class Trainer:
         trees ``i::P`` (module docstring), then the processes exchange them."""
         mine = self.runtime(stage, version, policy).run(self.batch_tasks(version), trees=self.cfg.trees_per_task,
                                                         progress=False, part=self.part)
-        index, count = self.part
+        count = self.part[1]
         if count == 1:
             return mine
         from accelerate.utils import gather_object
