@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 EXTRAS := notebooks,dev
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test bench tiny gpu-check figures reproduce-tiny train-full clean
+.PHONY: help setup demo test fuzz bench tiny gpu-check figures reproduce-tiny train-full clean
 
 help:  ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -26,7 +26,7 @@ demo: setup  ## Main job on the embedded default: both benchmarks solved by the 
 	$(BIN)/sera solve --env textcraft --tasks runs/demo/textcraft_val.jsonl --mode delegate
 	$(BIN)/sera tasks --env textworld --split test --out runs/demo/textworld_test.jsonl
 	$(BIN)/sera solve --env textworld --tasks runs/demo/textworld_test.jsonl --mode delegate
-	$(BIN)/sera train --config textcraft/sera_tiny.yaml --max-steps 2 --out runs/demo/tiny_sera --resume
+	$(BIN)/sera train --config textcraft/sera_tiny.yaml --total-updates 2 --out runs/demo/tiny_sera --resume
 	$(BIN)/sera eval --env textcraft --tasks runs/demo/textcraft_val.jsonl --limit 8 --policy hf:runs/demo/tiny_sera \
 	  --label "SmolLM2-135M + LoRA (CPU), make demo: 2 SERA updates" --method sera --out runs/demo/eval_tiny --resume
 	$(BIN)/sera tables --runs runs/demo/eval_tiny --out runs/demo/tables
@@ -34,6 +34,9 @@ demo: setup  ## Main job on the embedded default: both benchmarks solved by the 
 test: setup  ## Run the tests: pytest, then every notebook with nbval
 	$(BIN)/python -m pytest tests
 	SERA_SMOKE=1 $(BIN)/python -m pytest --nbval-lax --nbval-sanitize-with notebooks/nbval_sanitize.cfg notebooks
+
+fuzz: setup  ## The long property-based run of the model-output parsers (10,000 inputs each; figures in docs/reliability.md)
+	SERA_FUZZ_EXAMPLES=10000 $(BIN)/python -m pytest -q tests/test_fuzz_parsers.py
 
 figures: setup  ## Rebuild the paper's tables and figures into figures/ (seconds; same bytes every time)
 	$(BIN)/sera tables --out figures

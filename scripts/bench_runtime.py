@@ -24,7 +24,8 @@ from sera_core.envs.textcraft.tasks import generate_split as craft_split
 from sera_core.envs.textworld.expert import ExpertConfig as WorldExpert
 from sera_core.envs.textworld.tasks import generate_split as world_split
 from sera_core.policy.expert import ExpertPolicy
-from sera_core.policy.tiny import TinyModelConfig, default_tokenizer, init_model
+from sera_core.policy.tiny import TinyModelConfig, init_model
+from sera_core.tiny.corpus import default_tokenizer
 
 
 def timed(runtime: Runtime, tasks: list[dict], trees: int = 1) -> tuple[dict, float]:

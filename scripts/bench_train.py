@@ -29,7 +29,7 @@ def main() -> None:
                              "(the shipped tiny model solves nothing, so every group is zero-variance)")
     args = parser.parse_args()
     cfg = load_config(CONFIGS / "textcraft" / "sera_tiny.yaml", schedule="execution:1,delegation:1,rubric_generation:1",
-                      max_steps=3 * args.cycles, checkpoint_every=1000, out=args.out,
+                      total_updates=3 * args.cycles, checkpoint_every=1000, out=args.out,
                       filter_zero_variance=not args.keep_zero_variance)
     print(f"machine: {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     rows = Trainer(cfg, progress=True).run()

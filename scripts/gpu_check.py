@@ -34,7 +34,8 @@ from pathlib import Path
 
 import yaml
 
-from sera_core.policy.tiny import TinyModelConfig, default_tokenizer, init_model
+from sera_core.policy.tiny import TinyModelConfig, init_model
+from sera_core.tiny.corpus import default_tokenizer
 from sera_core.train.config import CONFIGS, load_config
 
 MODEL = TinyModelConfig(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
@@ -64,7 +65,7 @@ def write_configs(out: Path, model: Path) -> tuple[Path, Path]:
     accel_file.write_text(yaml.safe_dump(accel))
     train = {"extends": str(CONFIGS / "textcraft" / "sera_tiny.yaml"), "model": str(model.resolve()),
              "backend": "vllm", "mixed_precision": "bf16", "difficulties": ["easy"], "tasks_per_step": 2,
-             "trees_per_task": 2, "max_new_tokens": 64, "max_steps_per_agent": 4, "max_steps": 2,
+             "trees_per_task": 2, "max_new_tokens": 64, "max_steps_per_agent": 4, "total_updates": 2,
              "checkpoint_every": 2, "filter_zero_variance": False, "out": str((out / "run").resolve())}
     train_file = out / "train.yaml"
     train_file.write_text(yaml.safe_dump(train))

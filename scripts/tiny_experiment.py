@@ -71,7 +71,7 @@ def main() -> None:
     results: dict[str, list[dict]] = {"before": [], **{arm: [] for arm in ARMS}}
     for seed in args.seeds:
         for arm, schedule in ARMS.items():
-            cfg = load_config(CONFIGS / "textcraft" / "sera_tiny.yaml", schedule=schedule, max_steps=args.steps,
+            cfg = load_config(CONFIGS / "textcraft" / "sera_tiny.yaml", schedule=schedule, total_updates=args.steps,
                               seed=seed, out=str(out / f"{arm}_seed{seed}"), method=arm)
             trainer = Trainer(cfg)
             if arm == "sera":  # the warm start both arms share, measured once per seed

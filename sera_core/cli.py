@@ -18,12 +18,15 @@ Subcommands (later issues add more):
   (:mod:`sera_core.eval.evaluator`); prints the summary (and tasks per minute).
 * ``sera tables [--runs DIR] [--out figures]``: the paper's tables (CSV, Markdown) and
   plots from the published numbers, your evaluations beside them (:mod:`sera_core.report`).
-* ``sera train --config FILE [--dry-run] [--resume] [--max-steps N] [--out DIR]``: train
+* ``sera train --config FILE [--dry-run] [--resume] [--total-updates N] [--out DIR]``: train
   a method (``sera_core/configs/<env>/<method>_<scale>.yaml``); ``--dry-run`` validates
   the config and prints the plan without loading a model.
 
 On a usage or input error the last line is ``{"command": ..., "error": ...}`` and the
 exit status is 2.
+
+One parser and one small function per command; the work itself lives in the library, so
+it stays one module.
 """
 
 from __future__ import annotations
@@ -53,52 +56,32 @@ def _world_config(args: argparse.Namespace):
     return WorldConfig(seed=args.world_seed, items_per_tier=args.items_per_tier)
 
 
-SPLITS: dict[str, tuple[str, ...]] = {"textcraft": ("train", "val"), "textworld": ("test", "train", "dev")}
-"""The task splits of each benchmark."""
-MODES: dict[str, tuple[str, ...]] = {"textcraft": ("flat", "delegate", "gold"), "textworld": ("flat", "delegate")}
-"""The expert modes of each benchmark."""
+def _benchmark(args: argparse.Namespace):
+    """The benchmark ``--env`` names (``--format official``: official task records)."""
+    from sera_core.envs.registry import benchmark
+
+    return benchmark(args.env, official=getattr(args, "format", "native") == "official")
 
 
 def cmd_tasks(args: argparse.Namespace) -> dict[str, Any]:
     from sera_core.utils.jsonio import write_jsonl
 
-    if args.split not in SPLITS[args.env]:
-        raise CommandError(f"{args.env} has splits {', '.join(SPLITS[args.env])}, not {args.split!r}")
-    if args.env == "textcraft":
-        from sera_core.envs.textcraft.tasks import TaskConfig, generate_split, split_stats
-
-        records = generate_split(args.split, TaskConfig(world=_world_config(args), seed=args.seed), progress=True)
-    else:
-        from sera_core.envs.textworld.tasks import generate_split, split_stats
-
-        records = generate_split(args.split, progress=True)
+    bench = _benchmark(args)
+    if args.split not in bench.splits:
+        raise CommandError(f"{args.env} has splits {', '.join(bench.splits)}, not {args.split!r}")
+    records = bench.generate_split(args.split, progress=True, world_seed=args.world_seed,
+                                   items_per_tier=args.items_per_tier, seed=args.seed)
     if args.limit is not None:
         records = records[: args.limit]
-    write_jsonl(args.out, records, sort_keys=args.env == "textworld")
+    write_jsonl(args.out, records, sort_keys=bench.sorted_keys)
     digest = hashlib.sha256(Path(args.out).read_bytes()).hexdigest()
     return {"env": args.env, "split": args.split, "tasks": len(records), "out": str(args.out),
-            "sha256": digest, "stats": split_stats(records)}
-
-
-def _solver(args: argparse.Namespace, mode: str):
-    """``(validate(record, where), solve(record) -> row, group keys)`` for the chosen benchmark."""
-    official = args.format == "official"
-    if args.env == "textcraft":
-        from sera_core.envs.textcraft.expert import ExpertConfig, solve_task
-        from sera_core.envs.textcraft.tasks import book_for_record, validate_record
-
-        cfg = ExpertConfig(mode=mode)
-        return validate_record, lambda rec: solve_task(rec, book_for_record(rec, official=official), cfg), ("difficulty",)
-    from sera_core.envs.textworld.expert import ExpertConfig, solve_task
-    from sera_core.envs.textworld.tasks import validate_record
-
-    cfg = ExpertConfig(mode=mode)
-    return validate_record, lambda rec: solve_task(rec, cfg), ("difficulty", "family")
+            "sha256": digest, "stats": bench.split_stats(records)}
 
 
 def _breakdown(rows: list[dict], key: str) -> dict[str, dict]:
     """Tasks, passed and success rate per value of ``key`` (difficulties in their order)."""
-    from sera_core.envs.textcraft.tasks import DIFFICULTIES
+    from sera_core.envs import DIFFICULTIES
 
     by: dict[str, Counter] = {}
     for row in rows:
@@ -135,11 +118,12 @@ def _read_tasks(args: argparse.Namespace, validate) -> tuple[list[dict], list]:
 def cmd_solve(args: argparse.Namespace) -> dict[str, Any]:
     from sera_core.utils.jsonio import JsonlCheckpoint
 
-    mode = args.mode or ("gold" if args.format == "official" and args.env == "textcraft" else "flat")
-    if mode not in MODES[args.env]:
-        raise CommandError(f"{args.env} has expert modes {', '.join(MODES[args.env])}, not {mode!r}")
-    validate, solve, keys = _solver(args, mode)
-    records, ids = _read_tasks(args, validate)
+    bench = _benchmark(args)
+    mode = args.mode or ("gold" if bench.official and "gold" in bench.expert_modes else "flat")
+    if mode not in bench.expert_modes:
+        raise CommandError(f"{args.env} has expert modes {', '.join(bench.expert_modes)}, not {mode!r}")
+    solve, keys = bench.solver(mode)
+    records, ids = _read_tasks(args, bench.validate_record)
     checkpoint = JsonlCheckpoint(args.out) if args.out else None
     done = checkpoint.records if checkpoint is not None else {}
     other_modes = {r.get("mode") for r in done.values()} - {mode}
@@ -172,44 +156,13 @@ def cmd_solve(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _actor(args: argparse.Namespace):
-    """The actor named by ``--policy``: ``expert``, ``tiny`` (the embedded policy), ``hf:PATH``
-    (a model folder, adapter folder or training checkpoint) or ``vllm:PATH``."""
-    if args.policy == "expert":
-        from sera_core.envs.textcraft.expert import ExpertConfig as CraftConfig
-        from sera_core.envs.textworld.expert import ExpertConfig as WorldConfig
-        from sera_core.policy.expert import ExpertPolicy
-        from sera_core.policy.tiny import default_tokenizer
+    """The actor named by ``--policy`` (:func:`sera_core.agents.actors.make_actor`)."""
+    from sera_core.agents.actors import make_actor
 
-        if args.tokenizer:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(str(args.tokenizer))
-        else:
-            tokenizer = default_tokenizer()
-        return ExpertPolicy(tokenizer, textcraft=CraftConfig(mode="delegate", early_finish=args.noise / 2, waste=args.noise),
-                            textworld=WorldConfig(mode="delegate", early_finish=args.noise / 2, mistake=args.noise))
-    if args.policy == "tiny" or args.policy.startswith("hf:"):
-        from sera_core.agents.actors import PolicyActor
-        from sera_core.policy.models import is_adapter, model_folder
-
-        path = model_folder("tiny") if args.policy == "tiny" else Path(args.policy[3:])
-
-        if (path / "state.json").is_file() or (path / "checkpoint" / "state.json").is_file():
-            from sera_core.train.trainer import checkpoint_policy
-
-            return PolicyActor(checkpoint_policy(path), max_batch=args.max_batch)
-        if not (path / "config.json").is_file() and not is_adapter(path):
-            raise CommandError(f"--policy {args.policy}: {path} is neither a Hugging Face model folder (config.json), "
-                               "an adapter folder (adapter_config.json) nor a training checkpoint (state.json)")
-        from sera_core.policy.hf import HFPolicy
-
-        return PolicyActor(HFPolicy(path), max_batch=args.max_batch)
-    if args.policy.startswith("vllm:"):
-        from sera_core.agents.actors import PolicyActor
-        from sera_core.policy.vllm_backend import VLLMPolicy
-
-        return PolicyActor(VLLMPolicy(args.policy[5:]), max_batch=args.max_batch)
-    raise CommandError(f"--policy must be 'expert', 'tiny', 'hf:PATH' or 'vllm:PATH', not {args.policy!r}")
+    try:
+        return make_actor(args.policy, max_batch=args.max_batch, noise=args.noise, tokenizer=args.tokenizer)
+    except ValueError as exc:
+        raise CommandError(f"--policy: {exc}") from None
 
 
 def _external(args: argparse.Namespace):
@@ -231,11 +184,7 @@ def cmd_rollout(args: argparse.Namespace) -> dict[str, Any]:
     cfg = RuntimeConfig(counterfactual=args.counterfactual, temperature=args.temperature, seed=args.seed,
                         rubric_writer=args.rubric_writer, scorer=args.scorer, malformed_policy=args.malformed_policy)
     external = _external(args)
-    if args.env == "textcraft":
-        from sera_core.envs.textcraft.tasks import validate_record
-    else:
-        from sera_core.envs.textworld.tasks import validate_record
-    records, _ = _read_tasks(args, validate_record)
+    records, _ = _read_tasks(args, _benchmark(args).validate_record)
     runtime = Runtime(args.env, _actor(args), cfg, external=external, official=args.format == "official")
     t0 = time.perf_counter()
     rollouts = runtime.run(records, trees=args.trees, progress=True)
@@ -260,15 +209,17 @@ def cmd_eval(args: argparse.Namespace) -> dict[str, Any]:
         raise CommandError(f"--shard must be i/n (e.g. 0/4), got {args.shard!r}") from None
     cfg = EvalConfig(args.env, seeds=args.seeds, select=args.select, select_temperature=args.select_temperature,
                      scorer=args.scorer, concurrency=args.concurrency, label=args.label or args.policy,
-                     method=args.method, policy=args.policy)
-    if args.env == "textcraft":
-        from sera_core.envs.textcraft.tasks import validate_record
-    else:
-        from sera_core.envs.textworld.tasks import validate_record
-    records, _ = _read_tasks(args, validate_record)
+                     method=args.method, policy=args.policy, judge=args.judge,
+                     judge_model=args.judge_model if args.judge == "llm" else None)
+    judge = None
+    if args.judge == "llm":
+        from sera_core.envs.registry import benchmark
+
+        judge = benchmark(args.env).make_judge("llm", url=args.judge_url, model=args.judge_model, cache=args.judge_cache)
+    records, _ = _read_tasks(args, _benchmark(args).validate_record)
     t0 = time.perf_counter()
     summary = evaluate(records, _actor(args), args.out, cfg, shard=(i, n), resume=args.resume,
-                       external=_external(args), official=args.format == "official")
+                       external=_external(args), judge=judge, official=args.format == "official")
     minutes = (time.perf_counter() - t0) / 60
     return {**summary, "tasks_per_minute": round(summary["played"] / minutes, 2) if minutes else None}
 
@@ -284,29 +235,30 @@ def cmd_tables(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_tiny(args: argparse.Namespace) -> dict[str, Any]:
     from sera_core.policy.models import EMBEDDED, is_adapter
+    from dataclasses import replace
+
     from sera_core.tiny.warmstart import SMALL_WARMSTART, WarmStartRecipe, build_adapter, read_manifest, write_manifest
 
     if args.action == "build":
         recipe = SMALL_WARMSTART if args.small else WarmStartRecipe()
+        if args.perturb:
+            recipe = replace(recipe, demos=replace(recipe.demos, perturb=args.perturb))
         out = args.out or Path.home() / ".cache" / "sera" / "embedded" / recipe.config_hash()
         manifest = build_adapter(recipe, out, progress=True)
         return {"action": "build", "out": str(out), "recipe_hash": manifest["recipe_hash"],
                 "parameters": manifest["parameters"], "build_seconds": manifest["build_seconds"],
                 "final_loss": manifest["training"]["final_loss"], "adapter_sha256": manifest["adapter_sha256"]}
-    from sera_core.envs.textcraft.tasks import generate_split as craft_split
-    from sera_core.envs.textworld.tasks import generate_split as world_split
-    from sera_core.tiny.measure import measure
+    from sera_core.envs.registry import ENVS
+    from sera_core.tiny.measure import measure, measured_tasks
 
     model = args.out or EMBEDDED
     if not is_adapter(model):
         raise CommandError(f"{model} holds no adapter (run `sera tiny build` first)")
-    craft, world = craft_split("val"), world_split("test")
-    tasks = {"textcraft": [t for d in ("easy", "medium") for t in [t for t in craft if t["misc"]["difficulty"] == d][:args.tasks]],
-             "textworld": [t for t in world if t["difficulty"] == "easy"][::max(1, 350 // args.tasks)][:args.tasks]}
+    tasks = {env: measured_tasks(env, args.tasks) for env in (ENVS if args.env == "both" else (args.env,))}
     results = measure(model, tasks, groups=args.groups, progress=True, save=args.save)
-    if args.record:
+    if args.record:  # per benchmark: a measurement of one benchmark keeps the other's recorded figures
         manifest = read_manifest(model)
-        manifest["results"] = results
+        manifest["results"] = {k: v for k, v in manifest.get("results", {}).items() if k in ENVS} | results
         write_manifest(Path(model), manifest)
     return {"action": "measure", "model": str(model), **results}
 
@@ -317,10 +269,10 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
 
     overrides = {"out": str(args.out)} if args.out else {}
     cfg = load_config(args.config, **overrides)
-    if args.max_steps is not None:
-        if args.max_steps < 1:
-            raise CommandError("--max-steps must be >= 1")
-        cfg = cfg.replace(max_steps=args.max_steps)
+    if args.total_updates is not None:
+        if args.total_updates < 1:
+            raise CommandError("--total-updates must be >= 1")
+        cfg = cfg.replace(total_updates=args.total_updates)
     if args.dry_run:
         return {"action": "plan", **plan(cfg)}
     trainer = Trainer(cfg)
@@ -351,22 +303,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sera {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def world_args(p: argparse.ArgumentParser, envs: Sequence[str] = tuple(SPLITS)) -> None:
+    from sera_core.envs.registry import BENCHMARKS, ENVS
+    from sera_core.rubrics import MalformedPolicy
+
+    def world_args(p: argparse.ArgumentParser, envs: Sequence[str] = ENVS) -> None:
         p.add_argument("--env", choices=list(envs), default="textcraft", help="benchmark")
         p.add_argument("--world-seed", type=int, default=0, help="TextCraft: seed of the recipe world")
         p.add_argument("--items-per-tier", type=int, default=25, help="crafted items per domain and tier")
 
     p = sub.add_parser("tasks", help="write a task split as JSONL")
     world_args(p)
-    p.add_argument("--split", choices=sorted({s for v in SPLITS.values() for s in v}), required=True,
-                   help="textcraft: train|val; textworld: test|train|dev")
+    p.add_argument("--split", choices=sorted({s for b in BENCHMARKS.values() for s in b.splits}), required=True,
+                   help="; ".join(f"{name}: {'|'.join(b.splits)}" for name, b in BENCHMARKS.items()))
     p.add_argument("--seed", type=int, default=0, help="TextCraft: seed of the task draws")
     p.add_argument("--limit", type=int, help="write only the first N tasks")
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=cmd_tasks)
 
     p = sub.add_parser("solve", help="solve tasks with the expert and check them")
-    p.add_argument("--env", choices=list(SPLITS), default="textcraft", help="benchmark")
+    p.add_argument("--env", choices=list(ENVS), default="textcraft", help="benchmark")
     p.add_argument("--tasks", type=Path, required=True, help="JSONL task file")
     p.add_argument("--format", choices=["native", "official"], default="native",
                    help="official task records (TextCraft: recipes rebuilt from each gold plan)")
@@ -378,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_solve)
 
     p = sub.add_parser("rollout", help="play tasks as recursive agent trees; write trees and delegation points")
-    p.add_argument("--env", choices=list(SPLITS), default="textcraft", help="benchmark")
+    p.add_argument("--env", choices=list(ENVS), default="textcraft", help="benchmark")
     p.add_argument("--tasks", type=Path, required=True, help="JSONL task file")
     p.add_argument("--format", choices=["native", "official"], default="native", help="official task records")
     p.add_argument("--policy", default="expert",
@@ -396,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scorer", choices=["policy", "external"], default="policy", help="who scores children")
     p.add_argument("--external-url", help="OpenAI-compatible endpoint of the external model (key: $SERA_EXTERNAL_API_KEY)")
     p.add_argument("--external-model", default="external", help="model name sent to the external endpoint")
-    p.add_argument("--malformed-policy", choices=["drop_trajectory", "drop_rollout", "binary_fallback"],
+    p.add_argument("--malformed-policy", choices=[p.value for p in MalformedPolicy],
                    default="drop_trajectory", help="what a malformed rubric or score does to the child's reward")
     p.add_argument("--tokenizer", type=Path, help="expert: tokenizer folder (default: a built-in byte-level BPE)")
     p.add_argument("--max-batch", type=int, default=64, help="hf: most sequences per generation batch")
@@ -404,7 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_rollout)
 
     p = sub.add_parser("eval", help="evaluate a policy under the paper's contract (resumable, shardable)")
-    p.add_argument("--env", choices=list(SPLITS), default="textcraft", help="benchmark")
+    p.add_argument("--env", choices=list(ENVS), default="textcraft", help="benchmark")
     p.add_argument("--tasks", type=Path, help="JSONL task file (e.g. `sera tasks --split val`)")
     p.add_argument("--format", choices=["native", "official"], default="native", help="official task records")
     p.add_argument("--policy", default="expert",
@@ -415,6 +370,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scorer", choices=["policy", "external"], default="policy", help="who scores selection candidates")
     p.add_argument("--external-url", help="OpenAI-compatible endpoint of the external judge (key: $SERA_EXTERNAL_API_KEY)")
     p.add_argument("--external-model", default="external", help="model name sent to the external endpoint")
+    p.add_argument("--judge", choices=["program", "llm"], default="program",
+                   help="who labels the children (rows' children_passed): the checkers, or for TextWorld an LLM judge "
+                        "for free-form subgoals (key: $SERA_JUDGE_API_KEY)")
+    p.add_argument("--judge-url", help="--judge llm: OpenAI-compatible base URL")
+    p.add_argument("--judge-model", help="--judge llm: model name")
+    p.add_argument("--judge-cache", help="--judge llm: JSONL file of cached verdicts (reused across runs)")
     p.add_argument("--resume", action="store_true", help="skip finished tasks, rerun errored ones")
     p.add_argument("--shard", default="0/1", help="i/n: play the tasks whose index is i mod n")
     p.add_argument("--merge", action="store_true", help="combine the shards of --out into seed*.jsonl and summary.json")
@@ -436,12 +397,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tiny", help="build or measure the embedded policy (SmolLM2-135M-Instruct + LoRA warm start)")
     p.add_argument("action", choices=["build", "measure"])
     p.add_argument("--small", action="store_true", help="build: the small test recipe (a minute)")
+    p.add_argument("--perturb", type=float, default=0.0,
+                   help="build: share of the expert's turns replaced by harmless mistakes it recovers from (recovery "
+                        "demonstrations; 0: the shipped recipe)")
     p.add_argument("--out", type=Path,
                    help="build: output folder (default ~/.cache/sera/embedded/<recipe hash>); measure: the adapter "
                         "folder (default: the shipped one)")
     p.add_argument("--tasks", type=int, default=20,
                    help="measure: tasks per level (TextCraft val easy and medium, TextWorld test easy)")
     p.add_argument("--groups", type=int, default=8, help="measure: tasks played with counterfactual groups at temperature 1")
+    p.add_argument("--env", choices=["both", "textcraft", "textworld"], default="both",
+                   help="measure: one benchmark only (two processes can measure the two benchmarks side by side)")
     p.add_argument("--record", action="store_true", help="measure: write the results into the model's manifest")
     p.add_argument("--save", type=Path, help="measure: keep partial figures in this JSON file; a rerun with it resumes")
     p.set_defaults(func=cmd_tiny)
@@ -450,7 +416,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, required=True, help="a YAML file, or a shipped config named relative to sera_core/configs (textcraft/sera_tiny.yaml)")
     p.add_argument("--dry-run", action="store_true", help="validate and print the plan; load no model")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
-    p.add_argument("--max-steps", type=int, help="override the config's number of updates")
+    p.add_argument("--total-updates", "--max-steps", type=int, dest="total_updates",
+                   help="override the config's number of optimizer updates (--max-steps: its former name)")
     p.add_argument("--out", type=Path, help="override the config's run folder")
     p.set_defaults(func=cmd_train)
 

@@ -18,7 +18,9 @@ ranking loss only compares branches that have a label, so a judge must be able t
 * :class:`CanonicalOrLLM` - TextWorld with an LLM judge configured (``judge: llm``): a
   goal in the canonical form is checked by the program, any other by the LLM judge.
 
-:func:`make_judge` builds the judge a config names (training and evaluation share it).
+The benchmark registry builds the judge a config names
+(:meth:`sera_core.envs.registry.Benchmark.make_judge`;
+training and evaluation share it).
 
 Every judge returns a :class:`JudgeVerdict`. ``success=None`` means *no label*
 (unknown goal, unparseable reply, network error): it must never be counted as a
@@ -38,6 +40,9 @@ TextWorld the judge's input tokens): every judge keeps a :class:`JudgeStats` in
 * ``input_tokens`` / ``output_tokens`` - the endpoint's ``usage.prompt_tokens`` and
   ``usage.completion_tokens`` (estimated when the endpoint omits them; see
   :class:`LLMJudge`); program judges spend none.
+
+Every judge returns the same verdict type and shares its counters (Table 2's cost); the
+program checkers and the HTTP judge are kept together for that.
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ from typing import Any
 
 from sera_core.envs.textcraft.env import CheckResult
 from sera_core.envs.textworld import goals as tw_goals
-from sera_core.rubrics import truncate_middle
+from sera_core.utils.text import truncate_middle
 
 __all__ = [
     "CanonicalOrLLM",
@@ -69,7 +74,6 @@ __all__ = [
     "TextCraftVerifier",
     "TextWorldVerifier",
     "parse_judge_output",
-    "make_judge",
     "render_textworld_trajectory",
     "truncate_middle",
 ]
@@ -509,22 +513,3 @@ class CanonicalOrLLM:
     def stats_snapshot(self) -> dict[str, int]:
         a, b = self.program.stats_snapshot(), self.llm.stats_snapshot()
         return {k: a[k] + b[k] for k in a}
-
-
-def make_judge(env: str, kind: str = "program", *, url: str | None = None, model: str | None = None,
-               cache: str | None = None, timeout_s: float = 60.0, max_retries: int = 4) -> Any:
-    """The labelling judge of ``env``: ``program`` (TextCraft's checker, TextWorld's
-    canonical-goal checker) or ``llm`` (TextWorld only: :class:`CanonicalOrLLM` over an
-    OpenAI-compatible endpoint at ``url`` serving ``model``, with an optional JSONL response
-    ``cache``, ``timeout_s`` per request and ``max_retries``; key: ``$SERA_JUDGE_API_KEY``)."""
-    if kind == "program":
-        return TextCraftVerifier() if env == "textcraft" else TextWorldVerifier()
-    if kind != "llm":
-        raise ValueError(f"judge must be 'program' or 'llm', got {kind!r}")
-    if env != "textworld":
-        raise ValueError("an LLM judge labels TextWorld subtasks; TextCraft is always checked by its program")
-    if not url or not model:
-        raise ValueError("judge 'llm' needs a base URL and a model name")
-    llm = LLMJudge(LLMJudgeConfig(base_url=url, model=model, cache_path=cache, timeout_s=timeout_s,
-                                  max_retries=max_retries))
-    return CanonicalOrLLM(TextWorldVerifier(), llm)

@@ -7,7 +7,8 @@ these inputs, in this order (never the child's future):
     delegation; the delegation decision; observable pre-call environment; delegated
     subtask; child tools; child budget
 
-(:func:`build_rubric_prompt`; long sections are truncated in the middle). The output is
+(:func:`sera_core.agents.prompts.build_rubric_prompt`; long sections are truncated in the
+middle). The output is
 JSON::
 
     {"rubric_items": [{"name", "weight", "description", "score_0", "score_full"}, ...],
@@ -17,7 +18,7 @@ JSON::
 present, weights finite and non-negative with a positive sum) and normalises the
 weights to sum to 1; the result is frozen (an immutable :class:`Rubric`).
 
-After the child returns, a separate scoring call (:func:`build_score_prompt`) sees the
+After the child returns, a separate scoring call (:func:`sera_core.agents.prompts.build_score_prompt`) sees the
 frozen rubric, the delegated task, the child's trajectory and the final environment
 state, and answers::
 
@@ -59,13 +60,6 @@ MAX_ITEMS = 8
 """Most rubric items."""
 RANKING_MARGIN = 0.2
 """Hinge margin of the ranking loss (SPEC 3)."""
-RUBRIC_SECTIONS = (
-    "Parent task", "Parent metadata", "Parent trajectory before delegation", "Delegation decision",
-    "Observable environment before the call", "Delegated subtask", "Child tools", "Child budget",
-)
-"""The rubric writer's inputs, in the official order (SPEC 8)."""
-
-
 class MalformedPolicy(str, Enum):
     """What to do with a child whose rubric or score could not be parsed."""
 
@@ -88,6 +82,11 @@ class RubricItem:
     """When the criterion scores 0."""
     score_full: str
     """When it scores 1."""
+
+
+def rubric_item(name: str, weight: float, description: str, score_0: str, score_full: str) -> dict[str, Any]:
+    """One rubric item as the official JSON (the weights are normalised when a rubric is parsed)."""
+    return asdict(RubricItem(name, weight, description, score_0, score_full))
 
 
 @dataclass(frozen=True)
@@ -347,64 +346,3 @@ GLOBAL_RUBRIC = Rubric(
     scoring_procedure="Check the gate first; if it fails the score is 0, else score each item in [0, 1].",
 )
 """The ablation's single rubric for every subtask (Table 3, "one global rubric")."""
-
-
-def truncate_middle(text: str, limit: int) -> str:
-    """``text`` cut to about ``limit`` characters by dropping its middle (the official
-    code truncates long context in the middle); ``limit <= 0`` keeps everything."""
-    if limit <= 0 or len(text) <= limit:
-        return text
-    marker = "\n... [{} characters omitted] ...\n"
-    keep = max(limit - len(marker.format(len(text))), 0)
-    head, tail = keep // 2, keep - keep // 2
-    return text[:head] + marker.format(len(text) - keep) + (text[len(text) - tail:] if tail else "")
-
-
-@dataclass(frozen=True)
-class RubricInputs:
-    """Exactly what the rubric writer may see (SPEC 2, 8): nothing of the child's future."""
-
-    parent_task: str
-    parent_metadata: str
-    """Depths and the fork step, e.g. ``parent depth 0; child depth 1; delegation at step 3``."""
-    parent_trajectory: str
-    """The parent's turns before the delegation."""
-    delegation: str
-    """The delegation decision itself (the launch statement or delegate block)."""
-    environment: str
-    """The observable environment before the call."""
-    subtask: str
-    child_tools: str
-    child_budget: str
-
-
-def build_rubric_prompt(inputs: RubricInputs, *, min_items: int = MIN_ITEMS, max_items: int = MAX_ITEMS,
-                        max_section_chars: int = 6000) -> str:
-    """The rubric writer's prompt: the eight sections in order, then the output format."""
-    values = (inputs.parent_task, inputs.parent_metadata, inputs.parent_trajectory, inputs.delegation,
-              inputs.environment, inputs.subtask, inputs.child_tools, inputs.child_budget)
-    parts = ["Write a rubric to judge whether a sub-agent completes the delegated subtask. "
-             "It is frozen before the sub-agent runs."]
-    for title, value in zip(RUBRIC_SECTIONS, values, strict=True):
-        parts.append(f"## {title}\n{truncate_middle(value.strip(), max_section_chars)}")
-    parts.append(
-        f"## Output\nReply with one JSON object: {{\"rubric_items\": [{{\"name\", \"weight\", \"description\", "
-        f"\"score_0\", \"score_full\"}}, ...] ({max(min_items, MIN_ITEMS)} to {max_items} items), "
-        "\"success_gate\", \"failure_conditions\": [...], \"scoring_procedure\"}."
-    )
-    return "\n\n".join(parts)
-
-
-def build_score_prompt(rubric: Rubric, subtask: str, trajectory: str, final_state: str,
-                       *, max_section_chars: int = 8000) -> str:
-    """The scoring call's prompt: frozen rubric, delegated task, child trajectory, final state."""
-    return "\n\n".join([
-        "Score the sub-agent's work against the frozen rubric.",
-        f"## Rubric\n{json.dumps(rubric.to_json(), indent=1)}",
-        f"## Delegated task\n{subtask.strip()}",
-        f"## Sub-agent trajectory\n{truncate_middle(trajectory.strip(), max_section_chars)}",
-        f"## Final environment state\n{truncate_middle(final_state.strip(), max_section_chars)}",
-        "## Output\nReply with one JSON object: {\"success\": true|false, \"criterion_scores\": "
-        "[{\"name\", \"score\" (0 to 1), \"reason\"}, ...] (every rubric item once), \"final_score\", \"reason\"}. "
-        "If the success gate fails, success is false and the final score is 0.",
-    ])

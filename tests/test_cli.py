@@ -172,9 +172,9 @@ def test_rollout_writes_trees_points_and_summary(tmp_path, capsys):
     assert json.loads((out / "summary.json").read_text()) == {k: v for k, v in summary.items() if k != "command"}
     trees, points = read_trees(out / "trees.jsonl"), read_points(out / "delegation_points.jsonl")
     assert len(trees) == 2 and summary["groups"]["total"] == len(points) > 0
-    assert all(len(p["branches"]) == 4 for p in points)
+    assert all(len(p.branches) == 4 for p in points)
     assert main(["rollout", "--env", "textworld", "--tasks", str(tasks), "--policy", "gpt", "--out", str(out)]) == 2
-    assert "--policy must be" in capsys.readouterr().out
+    assert "--policy: a policy is 'expert'" in capsys.readouterr().out
     assert main(["rollout", "--env", "textworld", "--tasks", str(tasks), "--policy", f"hf:{tmp_path}", "--out", str(out)]) == 2
     assert "neither a Hugging Face model folder" in capsys.readouterr().out
 

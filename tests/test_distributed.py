@@ -20,10 +20,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from sera_core.policy.tiny import TinyModelConfig, default_tokenizer, init_model
+from sera_core.policy.tiny import TinyModelConfig, init_model
+from sera_core.tiny.corpus import default_tokenizer
 from sera_core.train.update import TokenRow, loss_and_backward, micro_batches, process_share
 
 RUN = Path(__file__).parent / "distributed_run.py"
+FSDP_RUN = Path(__file__).parent / "fsdp_run.py"
 
 
 def _rows(n: int) -> list[TokenRow]:
@@ -107,6 +109,44 @@ def test_three_processes_train_like_one(tmp_path):
     assert (tmp_path / "three" / "run" / "checkpoint" / "state.json").exists()
 
 
+def _fsdp(out: Path, processes: int, steps: int, resume: Path | None = None) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = [str(FSDP_RUN), str(out), str(steps)] + ([str(resume)] if resume else [])
+    cmd = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
+           if processes > 1 else [sys.executable]) + run
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((out / "state.json").read_text())
+
+
+@pytest.mark.timeout(900)
+def test_fsdp2_checkpoints_gather_and_resume_on_cpu(tmp_path):
+    """FSDP2 on CPU (torch ``fully_shard`` over gloo): the checkpoint that two sharded processes
+    write after 2 updates equals the one-process model's (full tensors, tied embedding once);
+    two sharded processes resume from it to the one-process weights after a third update, and
+    one process resumes from the sharded checkpoint alike (the format does not depend on sharding)."""
+    from safetensors.torch import load_file
+
+    two = _fsdp(tmp_path / "two", 2, steps=2)
+    assert two == {"steps": 2, "processes": 2, "sharded": True}
+    one = _fsdp(tmp_path / "one", 1, steps=3)
+
+    def close(a: Path, b: Path, name: str) -> None:
+        wa, wb = load_file(str(a / name)), load_file(str(b / name))
+        assert wa.keys() == wb.keys() and "lm_head.weight" not in wa and "model.embed_tokens.weight" in wa
+        for k in wa:
+            torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=1e-6, msg=k)
+
+    _fsdp(tmp_path / "one_at_2", 1, steps=2)
+    close(tmp_path / "two", tmp_path / "one_at_2", "model.safetensors")
+    assert _fsdp(tmp_path / "two_resumed", 2, steps=1, resume=tmp_path / "two")["steps"] == one["steps"] == 3
+    close(tmp_path / "two_resumed", tmp_path / "one", "model.safetensors")
+    _fsdp(tmp_path / "one_resumed", 1, steps=1, resume=tmp_path / "two")
+    close(tmp_path / "one_resumed", tmp_path / "one", "model.safetensors")
+    moments = torch.load(tmp_path / "two" / "optimizer.pt", weights_only=True)
+    assert moments["state"]["model.embed_tokens.weight"]["exp_avg"].shape == (64, 32)  # full, not a shard
+
+
 def test_the_gpu_check_builds_its_model_and_configs_without_a_gpu(tmp_path):
     """``make gpu-check`` with ``--dry-run``: the stand-in Qwen3 is built, both config files
     are valid (the training config loads; the FSDP file is the shipped one cut to 1 process)."""
@@ -122,5 +162,5 @@ def test_the_gpu_check_builds_its_model_and_configs_without_a_gpu(tmp_path):
     from sera_core.train.config import load_config
 
     cfg = load_config(tmp_path / "train.yaml")
-    assert cfg.backend == "vllm" and cfg.max_steps == 2 and cfg.model == str((tmp_path / "model").resolve())
+    assert cfg.backend == "vllm" and cfg.total_updates == 2 and cfg.model == str((tmp_path / "model").resolve())
     assert (tmp_path / "model" / "config.json").exists()

@@ -27,7 +27,7 @@ def stand_in(tmp_path_factory) -> Path:
     """A 2-layer Llama base with the scripted policies' tokenizer (ChatML), saved as an HF folder."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from sera_core.policy.tiny import default_tokenizer
+    from sera_core.tiny.corpus import default_tokenizer
 
     tok = default_tokenizer()
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -56,6 +56,23 @@ def test_the_base_model_converts_from_the_wheel_and_copies_a_line():
     prompt = policy.chat_prompt([{"role": "user", "content": "Repeat exactly: 3x o7_i3, 1x raw_o4"}])
     out = policy.generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=24))[0]
     assert "3x o7_i3, 1x raw_o4" in out.text  # zero-shot, it copies from its context
+
+
+def test_processes_that_convert_at_once_all_get_the_folder(tmp_path):
+    """Two measurements started together on a fresh machine both convert the GGUF: each writes
+    its own temporary folder, the first rename wins, neither fails, nothing is left behind."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, base_model.ENV_DIR: str(tmp_path / "base"), "OMP_NUM_THREADS": "1"}
+    code = "from sera_core.policy.base_model import base_model_folder; print(base_model_folder())"
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=600)[0].strip() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    assert outs == [str(tmp_path / "base")] * 2
+    assert (tmp_path / "base" / "gguf_sha256.txt").read_text().strip() == base_model.GGUF_SHA256
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]  # no temporary folder left
 
 
 def test_a_missing_wheel_or_a_wrong_file_names_the_install_command(monkeypatch, tmp_path):
@@ -174,7 +191,7 @@ def test_sera_train_on_an_adapter_trains_and_checkpoints_only_the_adapter(adapte
     tasks = tmp_path / "easy.jsonl"
     write_jsonl(tasks, [t for t in generate_split("train") if t["misc"]["difficulty"] == "easy"][:2])
     cfg = load_config(CONFIGS / "textcraft" / "sera_tiny.yaml", model=str(adapter), tasks=str(tasks), tasks_per_step=1,
-                      trees_per_task=2, max_steps=2, checkpoint_every=1, schedule="execution:1", max_new_tokens=24,
+                      trees_per_task=2, total_updates=2, checkpoint_every=1, schedule="execution:1", max_new_tokens=24,
                       max_steps_per_agent=2, filter_zero_variance=False, lr=1e-2, out=str(tmp_path / "run"))
     trainer = Trainer(cfg, progress=False)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
@@ -210,7 +227,7 @@ def test_sera_train_reports_the_tokens_it_trained(adapter, tmp_path, capsys):
     cfg.write_text(f"extends: {CONFIGS / 'textcraft' / 'sera_tiny.yaml'}\nmodel: {adapter}\ntasks: {tasks}\n"
                    "tasks_per_step: 1\ntrees_per_task: 2\nschedule: 'execution:1'\nmax_new_tokens: 16\n"
                    "max_steps_per_agent: 1\nfilter_zero_variance: false\n")
-    assert main(["train", "--config", str(cfg), "--max-steps", "2", "--out", str(tmp_path / "run")]) == 0
+    assert main(["train", "--config", str(cfg), "--total-updates", "2", "--out", str(tmp_path / "run")]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     rows = list(csv.DictReader(open(tmp_path / "run" / "metrics.csv")))
     assert out["updates"] == 2 and out["tokens_trained"] == sum(int(r["tokens_trained"]) for r in rows) > 0

@@ -9,7 +9,7 @@ import pytest
 from sera_core.envs.textcraft import expert as tc_expert
 from sera_core.eval.evaluator import EvalConfig, EvalError, evaluate, merge, shard_file
 from sera_core.policy.expert import ExpertPolicy
-from sera_core.policy.tiny import default_tokenizer
+from sera_core.tiny.corpus import default_tokenizer
 from sera_core.utils.jsonio import read_jsonl
 
 
@@ -128,3 +128,45 @@ def test_selection_through_the_evaluator(tokenizer, val_tasks, tmp_path):
     assert picked["select"] == 2 and plain["select"] == 1
     rows = list(read_jsonl(tmp_path / "n2" / "seed0.jsonl"))
     assert any(r["forks"] > 0 for r in rows) and all(r["forks"] <= 32 for r in rows)
+
+
+def test_an_llm_judge_labels_children_in_evaluation_and_is_recorded(tokenizer, tmp_path, capsys):
+    """``sera eval --judge llm`` (TextWorld): the judge built from the flags labels the children
+    (canonical goals stay with its program checker: no request), the rows count the labels,
+    the plan records the judge (another judge is refused) and a judge without a URL exits 2."""
+    from http_endpoint import Endpoint
+
+    from sera_core.cli import main
+
+    from sera_core.envs.textworld.expert import ExpertConfig as WorldConfig
+    from sera_core.envs.textworld.tasks import generate_split
+    from sera_core.envs.registry import benchmark
+    from sera_core.judges import CanonicalOrLLM
+
+    records = [t for t in generate_split("test") if t["difficulty"] == "easy"][:2]
+    actor = ExpertPolicy(tokenizer, textworld=WorldConfig(mode="delegate", split_dishes="always"))
+    endpoint = Endpoint()
+    try:
+        judge = benchmark("textworld").make_judge("llm", url=endpoint.url, model="kimi-test", max_retries=0)
+        assert isinstance(judge, CanonicalOrLLM)
+        cfg = EvalConfig("textworld", judge="llm", judge_model="kimi-test")
+        summary = evaluate(records, actor, tmp_path / "llm", cfg, judge=judge, progress=False)
+    finally:
+        endpoint.close()
+    rows = list(read_jsonl(tmp_path / "llm" / "seed0.jsonl"))
+    labelled = sum(r["children_labelled"] for r in rows)
+    assert labelled > 0 and judge.stats_snapshot()["calls"] == labelled and endpoint.count == 0
+    assert summary["judge"] == {"kind": "llm", "model": "kimi-test", "children_labelled": labelled,
+                                "children_passed": sum(r["children_passed"] for r in rows)}
+    with pytest.raises(EvalError, match="config"):
+        evaluate(records, actor, tmp_path / "llm", EvalConfig("textworld"), resume=True, progress=False)
+    with pytest.raises(EvalError, match="judge"):
+        EvalConfig("textcraft", judge="llm", judge_model="m")
+    with pytest.raises(EvalError, match="judge object"):
+        evaluate(records, actor, tmp_path / "other", cfg, progress=False)
+    task_file = tmp_path / "tasks.jsonl"
+    task_file.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main(["eval", "--env", "textworld", "--tasks", str(task_file), "--judge", "llm", "--judge-model", "m",
+                 "--out", str(tmp_path / "cli")]) == 2
+    assert "base URL" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
+    assert not (tmp_path / "cli").exists()  # refused before any work

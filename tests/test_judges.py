@@ -309,8 +309,11 @@ def test_long_trajectories_are_cut_in_the_middle():
 def test_a_configured_llm_judge_labels_free_form_goals_and_the_program_the_canonical(endpoint):
     """``judge: llm`` on TextWorld: canonical goals stay with the program checker (no
     request), free-form goals go to the endpoint; both are counted."""
+    from sera_core.envs.registry import benchmark
     from sera_core.judges import CanonicalOrLLM, TextCraftVerifier
-    from sera_core.judges import make_judge as judge_for
+
+    def judge_for(env, kind="program", **options):
+        return benchmark(env).make_judge(kind, **options)
 
     judge = judge_for("textworld", "llm", url=endpoint.url, model="kimi-test", max_retries=0)
     assert isinstance(judge, CanonicalOrLLM)

@@ -30,7 +30,7 @@ def test_tiny_configs_run_plainly_and_the_other_commands():
     assert train_command(cfg, "t.yaml", out="o") == [sys.executable, "-m", "sera_core", "train", "--config", "t.yaml", "--out", "o"]
     assert tasks_command("textworld", "t.jsonl")[3:] == ["tasks", "--env", "textworld", "--split", "test", "--out", "t.jsonl"]
     assert export_command("run", "hf")[3:] == ["export", "--run", "run", "--out", "hf"]
-    assert train_command(cfg, "t.yaml", max_steps=2)[-2:] == ["--max-steps", "2"]
+    assert train_command(cfg, "t.yaml", total_updates=2)[-2:] == ["--total-updates", "2"]
     ev = eval_command(cfg, "hf", "t.jsonl", "ev", label="tiny", seeds=3, limit=40)
     assert ev[-2:] == ["--limit", "40"]
     assert ev[ev.index("--policy") + 1] == "hf:hf" and ev[ev.index("--seeds") + 1] == "3" and ev[ev.index("--method") + 1] == "sera"

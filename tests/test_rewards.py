@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from sera_core.agents.points import Branch, DelegationPoint
 from sera_core.agents.runtime import Runtime, RuntimeConfig
 from sera_core.agents.tree import Tree, Turn
+from sera_core.rubrics import RankingResult, Score
 from sera_core.envs.textcraft import expert as tc_expert
 from sera_core.policy.expert import ExpertPolicy
-from sera_core.policy.tiny import default_tokenizer
+from sera_core.tiny.corpus import default_tokenizer
 from sera_core.rewards import Datum
 from sera_core.rewards.execution import execution_datums
 from sera_core.rewards.leaf_credit import leaf_datums
@@ -158,18 +162,20 @@ def test_a_dropped_rollout_leaves_every_baseline_and_gives_no_rubric_datums():
     assert adv == {"a": 1.0, "b": -1.0}  # baselines over a and b only (with c: 0.5 and -0.5)
     launch = [Datum("a", "x", "0", 1, "launch", 0, 1.0)]
     assert [a.advantage for a in leaf_advantages(launch, trees)] == [1.0]  # K = 2: (1 + 0 - 1) / 1
-    point = {"ranking": {"skipped": False, "loss": 0.1}, "rubric_turn": 2, "tree_id": "c", "task_id": "x",
-             "parent_id": "0", "child_id": "0.1"}
-    rollouts = [Rollout(trees[0], [dict(point, tree_id="a")]), Rollout(trees[2], [point])]
-    assert [p["tree_id"] for p in kept_points(rollouts)] == ["a"]
+    point = DelegationPoint("c", "textcraft", "x", "0", "0.1", None, None, {}, "", None, None, 2, {}, [],
+                            RankingResult(0.1, 1, 1.0, False))
+    rollouts = [Rollout(trees[0], [replace(point, tree_id="a")]), Rollout(trees[2], [point])]
+    assert [p.tree_id for p in kept_points(rollouts)] == ["a"]
     assert len(rubric_datums(kept_points(rollouts))) == 1
 
 
 # -- rubric ranking -------------------------------------------------------------------
 
 def point(scores, labels, loss, skipped=False, parent="0", child="0.1", turn=2, tree="t0"):
-    return {"tree_id": tree, "task_id": "x", "parent_id": parent, "child_id": child, "rubric_turn": turn,
-            "scores": scores, "labels": labels, "ranking": {"loss": loss, "skipped": skipped}}
+    branches = [Branch(b, Tree.new(f"{tree}/b{b}", "textcraft", "x", "sub-goal"), True, 1, "finish", {}, y, "",
+                       Score(int(y), {}, s, None, ""), None, None) for b, (s, y) in enumerate(zip(scores, labels, strict=True))]
+    return DelegationPoint(tree, "textcraft", "x", parent, child, None, None, {}, "sub-goal", None, None, turn, {},
+                           branches, RankingResult(loss, 1, None, skipped))
 
 
 def test_rubric_rewards_are_negative_ranking_loss_and_skip_homogeneous_groups():
@@ -223,7 +229,7 @@ def test_rewards_of_real_counterfactual_rollouts(val_tasks):
     assert any(d.reward > 0 for t in trees for d in leaf_datums(t))
     points = [p for r in rollouts for p in r.points]
     datums = rubric_datums(points)
-    assert [d.reward for d in datums] == [-p["ranking"]["loss"] for p in points if not p["ranking"]["skipped"]]
+    assert [d.reward for d in datums] == [-p.ranking.loss for p in points if not p.ranking.skipped]
     for d in datums:  # the datum names the rubric-writing call
         tree = next(t for t in trees if t.tree_id == d.tree_id)
         assert tree.nodes[d.node_id].turns[d.turn].kind == "rubric"

@@ -8,9 +8,11 @@ import json
 
 import pytest
 
+from sera_core.agents.prompts import RubricInputs, build_rubric_prompt, build_score_prompt
+from sera_core.utils.text import truncate_middle
 from sera_core.rubrics import (
-    GLOBAL_RUBRIC, MalformedPolicy, RubricInputs, build_rubric_prompt, build_score_prompt, extract_json_object,
-    forced_zero, parse_rubric, parse_score, ranking_loss, resolve_child_reward, truncate_middle,
+    GLOBAL_RUBRIC, MalformedPolicy, extract_json_object, forced_zero, parse_rubric, parse_score, ranking_loss,
+    resolve_child_reward,
 )
 
 

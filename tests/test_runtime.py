@@ -19,8 +19,9 @@ from sera_core.envs.textworld.tasks import TaskConfig as WorldTaskConfig
 from sera_core.envs.textworld.tasks import make_task, seed_for
 from sera_core.policy.base import Generation, per_prompt
 from sera_core.policy.chat import ChatFormat
-from sera_core.policy.expert import ExpertPolicy, textworld_rubric
-from sera_core.policy.tiny import default_tokenizer
+from sera_core.envs.textworld.expert import expert_rubric as textworld_rubric
+from sera_core.policy.expert import ExpertPolicy
+from sera_core.tiny.corpus import default_tokenizer
 from sera_core.rubrics import GLOBAL_RUBRIC
 from textworld_records import make_record
 
@@ -106,28 +107,27 @@ def check_groups(rollouts, b_count=8, cap=16):
     for r in rollouts:
         assert r.tree.meta["forks"] == b_count * len(r.points) <= cap
     for p in points:
-        assert len(p["branches"]) == len(p["labels"]) == len(p["scores"]) == b_count
-        assert p["rubric"] is not None and 4 <= len(p["rubric"]["rubric_items"]) <= 8
-        assert all(lab is not None for lab in p["labels"])
-        assert all(s is not None for s in p["scores"])
-        tree = next(r.tree for r in rollouts if r.tree.tree_id == p["tree_id"])
-        child = tree.nodes[p["child_id"]]
-        assert child.label == p["labels"][0] and child.score["final_score"] == p["scores"][0]
-        assert p["branches"][0]["tree"] == subtree(tree, child.node_id, p["branches"][0]["tree"]["tree_id"]).to_json()
+        assert len(p.branches) == len(p.labels) == len(p.scores) == b_count
+        assert p.rubric is not None and 4 <= len(p.rubric["rubric_items"]) <= 8
+        assert all(lab is not None for lab in p.labels)
+        assert all(s is not None for s in p.scores)
+        tree = next(r.tree for r in rollouts if r.tree.tree_id == p.tree_id)
+        child = tree.nodes[p.child_id]
+        assert child.label == p.labels[0] and child.score["final_score"] == p.scores[0]
+        assert p.branches[0].tree == subtree(tree, child.node_id, p.branches[0].tree.tree_id)
         # detached: only branch 0's scoring call is in the tree
-        scored_here = [t for t in tree.nodes[p["parent_id"]].turns if t.kind == "score" and t.meta["child"] == child.node_id]
-        assert len(scored_here) == 1 and scored_here[0].to_json() == p["branches"][0]["score_turn"]
-        assert all(b["score_turn"] is None or b["score_turn"]["meta"]["detached"] for b in p["branches"][1:])
-        for b in p["branches"]:  # a forced zero exactly when the branch did not finish or left no output
-            root = next(n for n in b["tree"]["nodes"] if n["node_id"] == b["tree"]["root_id"])
-            output = (root["result"].get("finish_message") or "").strip()
-            assert (b["score"]["forced"]) == (not b["finished"] or output == "")
-    valid = [p for p in points if not p["ranking"]["skipped"]]
+        scored_here = [t for t in tree.nodes[p.parent_id].turns if t.kind == "score" and t.meta["child"] == child.node_id]
+        assert len(scored_here) == 1 and scored_here[0] == p.branches[0].score_turn
+        assert all(b.score_turn is None or b.score_turn.meta["detached"] for b in p.branches[1:])
+        for b in p.branches:  # a forced zero exactly when the branch did not finish or left no output
+            output = (b.tree.root.result.get("finish_message") or "").strip()
+            assert b.score.forced == (not b.finished or output == "")
+    valid = [p for p in points if not p.ranking.skipped]
     assert valid, "no mixed group: the noisy expert must fail some branches"
-    assert all(p["ranking"]["accuracy"] == 1.0 for p in valid)  # the expert's rubric ranks successes first
+    assert all(p.ranking.accuracy == 1.0 for p in valid)  # the expert's rubric ranks successes first
     for p in points:
-        if p["ranking"]["skipped"]:
-            assert len(set(p["labels"])) == 1
+        if p.ranking.skipped:
+            assert len(set(p.labels)) == 1
     return points
 
 
@@ -135,8 +135,8 @@ def test_counterfactual_groups_textcraft(tokenizer, val_tasks):
     actor = ExpertPolicy(tokenizer, textcraft=tc_expert.ExpertConfig(mode="delegate", waste=0.3, early_finish=0.1))
     rollouts = Runtime("textcraft", actor, RuntimeConfig(counterfactual=8)).run(pick(val_tasks, "medium", 3))
     points = check_groups(rollouts)
-    assert len({json.dumps(b["state_after"], sort_keys=True) for p in points for b in p["branches"]}) > 1
-    assert all(len({json.dumps(p["state_before"], sort_keys=True)}) == 1 for p in points)
+    assert len({json.dumps(b.state_after, sort_keys=True) for p in points for b in p.branches}) > 1
+    assert all(len({json.dumps(p.state_before, sort_keys=True)}) == 1 for p in points)
 
 
 def test_counterfactual_groups_textworld_and_fork_cap(tokenizer):
@@ -423,7 +423,7 @@ def test_counterfactual_rollouts_repeat_bit_for_bit(tokenizer):
 
     def run(seed):
         out = Runtime("textworld", actor, RuntimeConfig(counterfactual=4, seed=seed)).run([task])[0]
-        return dumps_tree(out.tree), json.dumps(out.points, sort_keys=True)
+        return dumps_tree(out.tree), json.dumps([p.to_json() for p in out.points], sort_keys=True)
 
     first = run(0)
     assert run(0) == first

@@ -11,7 +11,7 @@ from sera_core.envs.textworld import expert as tw_expert
 from sera_core.envs.textworld.tasks import TaskConfig as WorldTaskConfig
 from sera_core.envs.textworld.tasks import make_task, seed_for
 from sera_core.policy.expert import ExpertPolicy
-from sera_core.policy.tiny import default_tokenizer
+from sera_core.tiny.corpus import default_tokenizer
 
 
 @pytest.fixture(scope="module")

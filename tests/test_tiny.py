@@ -11,9 +11,18 @@ import pytest
 
 from sera_core.agents.tree import ROLES
 from sera_core.policy.chat import ChatFormat
-from sera_core.policy.tiny import corpus, train_tokenizer
+from sera_core.policy.tiny import train_tokenizer
+from sera_core.tiny.corpus import corpus
 from sera_core.envs.textcraft.world import WorldConfig, generate_world
-from sera_core.tiny.demos import DemoConfig, copy_drills, demonstrations, play, rollout_samples, textcraft_tasks
+from sera_core.tiny.demos import (
+    DemoConfig,
+    copy_drills,
+    demonstrations,
+    play,
+    rollout_samples,
+    textcraft_tasks,
+    textworld_tasks,
+)
 from sera_core.tiny.recipe import ASSETS, SMALL, TinyRecipe, build, read_manifest, weights_sha256
 
 
@@ -57,12 +66,12 @@ def test_demonstrations_come_from_fresh_worlds_and_cover_every_role(tokenizer):
     packed = 0
     for r in rollouts:  # packed samples learn exactly every turn's completion in its exact context
         turns = [t for n in r.tree.nodes.values() for t in n.turns]
-        detached = [b["score_turn"] for p in r.points for b in p["branches"][1:] if b["score_turn"] is not None]
+        detached = [b.score_turn for p in r.points for b in p.branches[1:] if b.score_turn is not None]
         got = list(rollout_samples(r))
         learnt = [(s.prompt_ids[:a], s.prompt_ids[a:b]) for s in got for a, b in s.learn]
         learnt += [(s.prompt_ids, s.completion_ids) for s in got]
         expected = [(tuple(t.prompt_ids), tuple(t.completion_ids)) for t in turns]
-        expected += [(tuple(t["prompt_ids"]), tuple(t["completion_ids"])) for t in detached]
+        expected += [(tuple(t.prompt_ids), tuple(t.completion_ids)) for t in detached]
         assert sorted(learnt) == sorted(expected)
         assert len(got) < len(expected)  # an agent's act turns share one sequence
         packed += sum(len(s.learn) for s in got)
@@ -70,7 +79,7 @@ def test_demonstrations_come_from_fresh_worlds_and_cover_every_role(tokenizer):
             assert sum(sum(t.mask(role)) for role in ROLES) == len(t.completion_ids)
     assert packed > 0
     noisy = [r for r in rollouts if r.points]
-    assert noisy and any(b["score"] and not b["score"]["gate"] for r in noisy for p in r.points for b in p["branches"])
+    assert noisy and any(b.score and not b.score.gate for r in noisy for p in r.points for b in p.branches)
 
 
 def test_copy_drills_repeat_names_of_the_training_worlds(tokenizer):
@@ -103,9 +112,44 @@ def test_small_build_is_deterministic_resumable_and_atomic(tmp_path):
     assert "not* Qwen3-4B" in card and first["recipe_hash"] in card
 
 
+def test_perturbed_demonstrations_show_mistakes_then_recovery_and_never_learn_the_mistakes(tokenizer):
+    """``DemoConfig.perturb``: some expert act turns become harmless mistakes (a failing cell,
+    an invalid action); the expert goes on from the same state, so every task is still
+    solved; the samples keep the mistakes as context only: every other turn's completion
+    is learnt in its exact context, no mistake is, and a conversation ending on one is cut."""
+    cfg = DemoConfig(textcraft_worlds=3, textcraft_mix={"easy": 1, "medium": 1}, textworld_tasks=4, perturb=0.15)
+    for env, tasks in (("textcraft", textcraft_tasks(cfg)), ("textworld", textworld_tasks(cfg))):
+        rollouts = play(env, tasks, tokenizer, cfg)
+        turns = [t for r in rollouts for n in r.tree.nodes.values() for t in n.turns]
+        mistakes = [t for t in turns if t.meta.get("perturbation")]
+        assert mistakes and all(t.kind == "act" for t in mistakes)
+        refused = ("Error", "Invalid action", "No shared steps remain")  # the world refuses it: nothing changes
+        assert all(t.observation.startswith(refused) for t in mistakes)
+        unperturbed = play(env, tasks, tokenizer, DemoConfig(**{**cfg.__dict__, "perturb": 0.0}))
+        # the expert recovers: every task it solves without mistakes, it solves with them
+        assert [r.tree.root_reward for r in rollouts] == [r.tree.root_reward for r in unperturbed]
+        got = [s for r in rollouts for s in rollout_samples(r)]
+        learnt = sorted([(s.prompt_ids[:a], s.prompt_ids[a:b]) for s in got for a, b in s.learn]
+                        + [(s.prompt_ids, s.completion_ids) for s in got])
+        detached = [(tuple(b.score_turn.prompt_ids), tuple(b.score_turn.completion_ids))
+                    for r in rollouts for p in r.points for b in p.branches[1:] if b.score_turn is not None]
+        expected = sorted([(tuple(t.prompt_ids), tuple(t.completion_ids)) for t in turns
+                           if not t.meta.get("perturbation") and t.completion_ids] + detached)
+        assert learnt == expected
+        # a mistake sits in the context of the turn after it
+        assert any(tuple(m.completion_ids) == s.prompt_ids[i:i + len(m.completion_ids)]
+                   for m in mistakes[:3] for s in got for i in range(len(s.prompt_ids) - len(m.completion_ids) + 1))
+
+
 def test_recipe_hash_tracks_every_setting():
     assert TinyRecipe().config_hash() == TinyRecipe().config_hash() != SMALL.config_hash()
     assert TinyRecipe(seed=1).config_hash() != TinyRecipe().config_hash()
+    from sera_core.tiny.warmstart import WarmStartRecipe
+
+    base = WarmStartRecipe()
+    assert "perturb" not in base.to_json()["demos"]  # added later: left out at its default, old names hold
+    perturbed = WarmStartRecipe(demos=DemoConfig(**{**base.to_json()["demos"], "perturb": 0.1}))
+    assert perturbed.to_json()["demos"]["perturb"] == 0.1 and perturbed.config_hash() != base.config_hash()
 
 
 @pytest.mark.skipif(not (ASSETS / "manifest.json").is_file(), reason="no shipped tiny model yet")

@@ -87,6 +87,19 @@ def test_bad_configs_fail_naming_the_key(tmp_path, text, key):
         load_config(path)
 
 
+def test_a_renamed_key_fails_naming_its_new_name(tmp_path):
+    """``max_steps`` (optimizer updates) became ``total_updates``: an old config says so."""
+    from sera_core.train.config import CONFIGS
+
+    path = write(tmp_path, f"extends: {CONFIGS / 'textcraft' / 'sera_tiny.yaml'}\nmax_steps: 3\n")
+    with pytest.raises(ConfigError, match="'max_steps' was renamed 'total_updates'.*max_steps_per_agent"):
+        load_config(path)
+    cfg = load_config(CONFIGS / "textcraft" / "sera_tiny.yaml", total_updates=3)
+    assert cfg.total_updates == 3
+    with pytest.raises(ConfigError, match="renamed 'total_updates'"):
+        cfg.replace(max_steps=2)
+
+
 def test_extends_overrides_and_cycles(tmp_path):
     base = tmp_path / "base.yaml"
     base.write_text("lr: 0.5\nseed: 3\n")

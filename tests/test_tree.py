@@ -8,19 +8,8 @@ import random
 
 import pytest
 
-from sera_core.agents.tree import (
-    ROLES,
-    Tree,
-    Turn,
-    build_turn,
-    dumps_tree,
-    launch_spans,
-    overlap_mask,
-    read_trees,
-    roles_for,
-    token_char_spans,
-    write_trees,
-)
+from sera_core.agents.roles import build_turn, launch_spans, overlap_mask, roles_for, token_char_spans
+from sera_core.agents.tree import ROLES, Tree, Turn, dumps_tree, read_trees, write_trees
 
 tokenizers = pytest.importorskip("tokenizers")
 

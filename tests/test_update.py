@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from sera_core.agents.tree import Tree, Turn
-from sera_core.policy.tiny import TinyModelConfig, default_tokenizer, init_model
+from sera_core.policy.tiny import TinyModelConfig, init_model
+from sera_core.tiny.corpus import default_tokenizer
 from sera_core.rewards import Datum
 from sera_core.train.advantages import Advantage
 from sera_core.train.update import TokenRow, loss_and_backward, micro_batches, rescored, sequence_logprobs, token_rows

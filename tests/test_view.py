@@ -9,6 +9,7 @@ from dataclasses import asdict
 
 import pytest
 
+from sera_core.agents.points import DelegationPoint
 from sera_core.agents.tree import Tree, Turn
 from sera_core.agents.view import TreeBrowser, render_point, render_rubric, render_tree
 from sera_core.rubrics import GLOBAL_RUBRIC, forced_zero, parse_score, ranking_loss
@@ -59,7 +60,7 @@ def _tree(tree_id: str = "t1") -> Tree:
     return tree
 
 
-def _point(tree: Tree, child_id: str, labels: list[bool | None]) -> dict:
+def _point(tree: Tree, child_id: str, labels: list[bool | None]) -> DelegationPoint:
     branches, scores = [], []
     for k, label in enumerate(labels):
         sub = Tree.new(f"{tree.tree_id}/b{k}", tree.env, tree.task_id, "Craft 2 sticks")
@@ -70,13 +71,13 @@ def _point(tree: Tree, child_id: str, labels: list[bool | None]) -> dict:
                          "score": score, "score_error": None if score else "no JSON object found", "score_turn": None})
         scores.append(None if score is None else score["final_score"])
     rank = ranking_loss(scores, labels)
-    return {"format": "sera.delegation/1", "tree_id": tree.tree_id, "env": tree.env, "task_id": tree.task_id,
+    return DelegationPoint.from_json({"format": "sera.delegation/1", "tree_id": tree.tree_id, "env": tree.env, "task_id": tree.task_id,
             "parent_id": tree.nodes[child_id].parent_id, "child_id": child_id, "event_id": tree.nodes[child_id].event_id,
             "launch_step": tree.nodes[child_id].launch_step, "parent_prefix": {"prompt_ids": [], "completion_ids": [], "text": ""},
             "subtask": tree.nodes[child_id].task, "rubric": RUBRIC, "rubric_error": None, "rubric_turn": 1,
             "state_before": {}, "branches": branches, "labels": labels, "scores": scores,
             "ranking": {"loss": rank.loss, "pairs": rank.pairs, "accuracy": rank.accuracy, "skipped": rank.skipped,
-                        "reward": rank.reward}}
+                        "reward": rank.reward}})
 
 
 # ---------------------------------------------------------------------------------
@@ -179,9 +180,21 @@ def test_render_point_eight_branches():
     assert all(line == line.rstrip() for line in lines)
 
 
+def test_a_delegation_point_round_trips_through_its_json_line():
+    point = _point(_tree(), "0.1", [True, False, True, False, None, True, False, True])
+    line = json.dumps(point.to_json())
+    again = DelegationPoint.from_json(json.loads(line))
+    assert again == point and json.dumps(again.to_json()) == line
+    assert [None if s is None else round(s, 6) for s in point.scores] == [0.7, 0.0, 0.7, 0.0, None, 0.7, 0.0, 0.7]
+    assert point.labels[4] is None
+    assert point.ranking.accuracy == 1.0 and point.branches[0].score.gate == 1
+    with pytest.raises(ValueError, match="sera.delegation/1"):
+        DelegationPoint.from_json({**point.to_json(), "format": "sera.tree/1"})
+
+
 def test_render_point_skipped_and_malformed_rubric():
     point = _point(_tree(), "0.2", [False] * 8)
-    point.update(rubric=None, rubric_error="`rubric_items` must be a list")
+    point.rubric, point.rubric_error = None, "`rubric_items` must be a list"
     out = render_point(point)
     assert out.splitlines()[-1] == "ranking skipped (homogeneous group)"
     assert "rubric: malformed (`rubric_items` must be a list)" in out

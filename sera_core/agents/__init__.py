@@ -5,7 +5,8 @@
   branch groups), batching every agent's calls through one actor.
 * :mod:`~sera_core.agents.actors`: who answers the runtime's calls (a token-level policy
   through a batcher; the expert lives in :mod:`sera_core.policy.expert`).
-* :mod:`~sera_core.agents.adapters`: what the runtime needs from each benchmark.
+* :mod:`~sera_core.agents.roles`: which completion tokens are ``launch``, ``execution``,
+  ``rubric`` or ``score`` (each benchmark's launch rule comes from :mod:`sera_core.envs.registry`).
 * :mod:`~sera_core.agents.prompts`: what agents and rubric/score calls are shown.
 * :mod:`~sera_core.agents.tree`: one :class:`~sera_core.agents.tree.Tree` per rollout:
   nodes with their turns' exact prompt/completion ids, logprobs and one role per

@@ -173,3 +173,59 @@ def external_actor(rubric_writer: str, scorer: str, url: str | None, model: str 
     from sera_core.judges import LLMJudge, LLMJudgeConfig
 
     return ExternalChatActor(LLMJudge(LLMJudgeConfig(base_url=url, model=model, api_key_env="SERA_EXTERNAL_API_KEY")))
+
+
+def as_actor(policy: Any, *, max_batch: int = 64) -> Any:
+    """An actor for ``policy``: the policy itself when it already answers calls (the scripted
+    expert has ``complete``), else a :class:`PolicyActor` batching a token-level policy."""
+    return policy if hasattr(policy, "complete") else PolicyActor(policy, max_batch=max_batch)
+
+
+def make_actor(spec: str, *, max_batch: int = 64, noise: float = 0.0, tokenizer: str | None = None) -> Any:
+    """The actor a policy spec names (the CLI's ``--policy``, a notebook's ``POLICY``):
+
+    * ``expert``: :class:`~sera_core.policy.expert.ExpertPolicy` delegating on both
+      benchmarks, with ``noise`` its chance of a mistake (TextCraft: wasted crafts, half as
+      many early finishes; TextWorld: wrong preparations, half as many early finishes), in
+      the ids of ``tokenizer`` (a folder; default: the scripted policies' own tokenizer);
+    * ``tiny``: the embedded policy (SmolLM2-135M-Instruct with its LoRA warm start);
+    * ``hf:PATH``: a Hugging Face model folder, an adapter folder, or a ``sera train`` run or
+      checkpoint (its starting model with the checkpoint's weights, hashes checked);
+    * ``vllm:PATH``: a model folder served by vLLM (GPU, the ``[gpu]`` extra).
+
+    Token-level policies are batched (``max_batch`` sequences per call). A spec that names
+    nothing loadable raises ValueError saying what was expected."""
+    if spec == "expert":
+        from sera_core.envs.textcraft.expert import ExpertConfig as CraftConfig
+        from sera_core.envs.textworld.expert import ExpertConfig as WorldConfig
+        from sera_core.policy.expert import ExpertPolicy
+        from sera_core.tiny.corpus import default_tokenizer
+
+        if tokenizer:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(str(tokenizer))
+        else:
+            tok = default_tokenizer()
+        return ExpertPolicy(tok, textcraft=CraftConfig(mode="delegate", early_finish=noise / 2, waste=noise),
+                            textworld=WorldConfig(mode="delegate", early_finish=noise / 2, mistake=noise))
+    if spec == "tiny" or spec.startswith("hf:"):
+        from pathlib import Path
+
+        from sera_core.policy.hf import HFPolicy
+        from sera_core.policy.models import is_adapter, model_folder
+
+        path = model_folder("tiny") if spec == "tiny" else Path(spec[3:])
+        if (path / "state.json").is_file() or (path / "checkpoint" / "state.json").is_file():
+            from sera_core.train.trainer import checkpoint_policy  # a run's checkpoint: loaded by the trainer's rules
+
+            return PolicyActor(checkpoint_policy(path), max_batch=max_batch)
+        if not (path / "config.json").is_file() and not is_adapter(path):
+            raise ValueError(f"{spec}: {path} is neither a Hugging Face model folder (config.json), "
+                             "an adapter folder (adapter_config.json) nor a training checkpoint (state.json)")
+        return PolicyActor(HFPolicy(path), max_batch=max_batch)
+    if spec.startswith("vllm:"):
+        from sera_core.policy.vllm_backend import VLLMPolicy
+
+        return PolicyActor(VLLMPolicy(spec[5:]), max_batch=max_batch)
+    raise ValueError(f"a policy is 'expert', 'tiny', 'hf:PATH' or 'vllm:PATH', not {spec!r}")

@@ -1,4 +1,5 @@
-"""The recursive rollout engine: one policy decomposes, delegates, writes rubrics, acts, grades.
+"""The recursive rollout engine: one policy decomposes, delegates, writes rubrics, acts,
+grades.
 
 :class:`Runtime` plays root tasks as trees of agents (SPEC 1, 2, 3, 8):
 
@@ -30,7 +31,7 @@
   judge and scored with the frozen rubric (branches 1..B-1 are *detached*: their scoring
   calls live only in the delegation-point record, never in the tree). Branch 0 is the
   real child: its world is committed to the parent and its subtree is the child's node.
-  Each group becomes one delegation-point record (:func:`delegation_point`) with the
+  Each group becomes one :class:`~sera_core.agents.points.DelegationPoint` with the
   ranking loss and pairwise accuracy. Discarded branches open no groups themselves.
   With counterfactuals on, the children of one parent step run one after another
   (``sequential_children``), so a group's fork and commit never overwrite a sibling's
@@ -45,6 +46,9 @@
   :class:`~sera_core.agents.actors.PolicyActor` batches every waiting call.
 * **Seeds.** Every agent's seed is ``derive_seed(seed, tree_id, node_id)`` (branch trees
   have their own ids), and every call's seed derives from it: runs repeat exactly.
+
+The runtime's agents, delegation, rubric and scoring calls, branch groups and selection
+share one event loop and one tree, so they stay one module.
 """
 
 from __future__ import annotations
@@ -59,9 +63,19 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from sera_core.agents.actors import Actor, Call
-from sera_core.agents.adapters import adapter_for
-from sera_core.agents.prompts import agent_messages, rubric_messages, score_messages, tools_text
-from sera_core.agents.tree import Node, Tree, build_turn, graft, launch_spans, subtree
+from sera_core.agents.prompts import (
+    RubricInputs,
+    agent_messages,
+    build_rubric_prompt,
+    build_score_prompt,
+    rubric_messages,
+    score_messages,
+    tools_text,
+)
+from sera_core.agents.points import Branch, DelegationPoint
+from sera_core.agents.roles import build_turn
+from sera_core.agents.tree import Node, Tree, graft, subtree
+from sera_core.envs.registry import benchmark, record_value
 from sera_core.judges import CanonicalOrLLM, LLMJudge
 from sera_core.policy.base import SamplingParams
 from sera_core.rubrics import (
@@ -69,10 +83,7 @@ from sera_core.rubrics import (
     MalformedPolicy,
     Parsed,
     Rubric,
-    RubricInputs,
     Score,
-    build_rubric_prompt,
-    build_score_prompt,
     forced_zero,
     parse_rubric,
     parse_score,
@@ -84,9 +95,6 @@ from sera_core.utils.seeding import derive_seed
 
 RUBRIC_WRITERS = ("policy", "global", "external")
 SCORERS = ("policy", "external")
-POINT_FORMAT = "sera.delegation/1"
-
-
 @dataclass(frozen=True)
 class RuntimeConfig:
     """How rollouts are played (defaults: the paper's evaluation contract, SPEC 5)."""
@@ -178,7 +186,7 @@ class Rollout:
     """One played root task: its tree and its delegation-point records."""
 
     tree: Tree
-    points: list[dict] = field(default_factory=list)
+    points: list[DelegationPoint] = field(default_factory=list)
     seconds: float = 0.0
 
     def __repr__(self) -> str:  # short (asyncio may repr a finished task's result)
@@ -190,7 +198,7 @@ class _Shared:
     """Per root rollout: forked worlds so far and the delegation points."""
 
     forks: int = 0
-    points: list[dict] = field(default_factory=list)
+    points: list[DelegationPoint] = field(default_factory=list)
 
 
 @dataclass
@@ -255,22 +263,22 @@ class Runtime:
     def __init__(self, env: str, actor: Actor, cfg: RuntimeConfig | None = None, *, judge: Any = None,
                  external: Actor | None = None, official: bool = False):
         self.cfg = cfg or RuntimeConfig()
-        self.adapter = adapter_for(env, **({"official": official} if env == "textcraft" else {}))
+        self.benchmark = benchmark(env, official=official)
         if actor.chat is None:
             raise ValueError("the policy actor needs a token space (chat); text-level actors only serve as `external`")
         self.actor = actor
         self.external = external
         if (self.cfg.rubric_writer == "external" or self.cfg.scorer == "external") and external is None:
             raise ValueError("an external rubric writer or scorer needs the `external` actor")
-        self.judge = judge or self.adapter.default_judge()
-        self.max_new_tokens = self.cfg.max_new_tokens or self.adapter.max_new_tokens
-        self.max_context = self.cfg.max_context_tokens or self.adapter.max_context_tokens
+        self.judge = judge or self.benchmark.default_judge()
+        self.max_new_tokens = self.cfg.max_new_tokens or self.benchmark.max_new_tokens
+        self.max_context = self.cfg.max_context_tokens or self.benchmark.max_context_tokens
         self._agents: dict[int, _Agent] = {}
 
     # -- public ------------------------------------------------------------------------
     async def rollout(self, record: dict, tree_id: str | None = None) -> Rollout:
         """Play one root task to the end; errors are recorded in ``tree.meta["error"]`` (a failure)."""
-        a, cfg = self.adapter, self.cfg
+        a, cfg = self.benchmark, self.cfg
         t0 = time.perf_counter()
         env = a.root_env(record, max_steps=cfg.root_max_steps or cfg.max_steps, max_depth=cfg.max_depth,
                          child_max_steps=cfg.max_steps)
@@ -278,7 +286,7 @@ class Runtime:
         task_id = a.task_id(record)
         tree = Tree.new(tree_id or task_id, a.name, task_id, a.goal(env), seed=cfg.seed)
         for key in ("difficulty", "task_family"):
-            value = record.get(key, record.get("misc", {}).get(key))
+            value = record_value(record, key)
             if value is not None:
                 tree.meta[key] = value
         shared = _Shared()
@@ -303,8 +311,8 @@ class Runtime:
         index, count = part
         if not 0 <= index < count:
             raise ValueError(f"part {part}: need 0 <= index < count")
-        jobs = [(rec, f"{self.adapter.task_id(rec)}/t{k}") for rec in records for k in range(trees)][index::count]
-        bar = tqdm(total=len(jobs), desc=f"rollouts {self.adapter.name}", disable=not progress)
+        jobs = [(rec, f"{self.benchmark.task_id(rec)}/t{k}") for rec in records for k in range(trees)][index::count]
+        bar = tqdm(total=len(jobs), desc=f"rollouts {self.benchmark.name}", disable=not progress)
 
         async def one(rec: dict, tid: str) -> Rollout:
             out = await self.rollout(rec, tid)
@@ -327,7 +335,7 @@ class Runtime:
     # -- agents ------------------------------------------------------------------------
     async def _run_agent(self, env: Any, node: Node, scope: _Scope) -> dict:
         """Run one agent to its end; record its turns on ``node``; return its outcome."""
-        a, cfg = self.adapter, self.cfg
+        a, cfg = self.benchmark, self.cfg
         key = f"{scope.tree.tree_id}/{node.node_id}"
         agent = _Agent(env, node, scope, key, derive_seed(cfg.seed, key))
         self._agents[id(env)] = agent
@@ -351,7 +359,7 @@ class Runtime:
                 info = {"env": a.name, "can_delegate": env.can_delegate, "seed": agent.seed, **a.expert_info(env)}
                 gen = await self.actor.complete(Call("act", prompt, params, key, observation, info))
                 turn = build_turn("act", prompt, gen.token_ids, gen.logprobs, self.actor.chat.decode, a.name,
-                                  meta={"finish_reason": gen.finish_reason})
+                                  meta={"finish_reason": gen.finish_reason, **gen.meta})
                 agent.act_index = len(node.turns)
                 node.turns.append(turn)
                 result = await env.astep(turn.text)
@@ -383,7 +391,7 @@ class Runtime:
             return await self._child(parent, spec)
 
     async def _child(self, parent: _Agent, spec: Any) -> str:
-        a, cfg, scope = self.adapter, self.cfg, parent.scope
+        a, cfg, scope = self.benchmark, self.cfg, parent.scope
         goal = a.spec_goal(parent.env, spec)
         node = scope.tree.add_child(parent.node.node_id, goal, parent.act_index, meta={"spec": a.spec_json(spec)})
         rubric = await self._write_rubric(parent, node, spec, goal)
@@ -410,9 +418,9 @@ class Runtime:
         return child["result_text"]
 
     def _rubric_inputs(self, parent: _Agent, spec: Any, goal: str) -> RubricInputs:
-        a, env = self.adapter, parent.env
+        a, env = self.benchmark, parent.env
         turn = parent.node.turns[parent.act_index]
-        spans = launch_spans(turn.text, a.name)
+        spans = a.launch_spans(turn.text)
         decision = "\n".join(turn.text[s:e] for s, e in spans) or turn.text
         depth = env.state.depth
         return RubricInputs(
@@ -433,7 +441,7 @@ class Runtime:
         inputs = self._rubric_inputs(parent, spec, goal)
         prompt_text = build_rubric_prompt(inputs, max_section_chars=cfg.max_section_chars)
         actor = self.external if cfg.rubric_writer == "external" else self.actor
-        info = {"env": self.adapter.name, "subtask": goal, "inputs": asdict(inputs), **self.adapter.spec_json(spec)}
+        info = {"env": self.benchmark.name, "subtask": goal, "inputs": asdict(inputs), **self.benchmark.spec_json(spec)}
         params = SamplingParams(temperature=cfg.rubric_temperature, max_new_tokens=cfg.call_max_new_tokens,
                                 seed=derive_seed(parent.seed, "rubric", node.node_id))
         messages = rubric_messages(prompt_text)
@@ -441,7 +449,7 @@ class Runtime:
         gen = await actor.complete(Call("rubric", ids, params, f"{parent.key}>{node.node_id}", info=info,
                                         messages=messages))
         if actor is self.actor:
-            turn = build_turn("rubric", ids, gen.token_ids, gen.logprobs, actor.chat.decode, self.adapter.name,
+            turn = build_turn("rubric", ids, gen.token_ids, gen.logprobs, actor.chat.decode, self.benchmark.name,
                               meta={"child": node.node_id})
             parent.node.turns.append(turn)
             node.meta["rubric_turn"] = len(parent.node.turns) - 1
@@ -475,11 +483,11 @@ class Runtime:
                                 seed=derive_seed(cfg.seed, key, "score"))
         messages = score_messages(prompt_text)
         ids = actor.chat.prompt(messages) if actor.chat is not None else []
-        info = {"env": self.adapter.name, "rubric": rubric, "outcome": child["outcome"]}
+        info = {"env": self.benchmark.name, "rubric": rubric, "outcome": child["outcome"]}
         gen = await actor.complete(Call("score", ids, params, key, info=info, messages=messages))
         turn = None
         if actor is self.actor:
-            turn = build_turn("score", ids, gen.token_ids, gen.logprobs, actor.chat.decode, self.adapter.name,
+            turn = build_turn("score", ids, gen.token_ids, gen.logprobs, actor.chat.decode, self.benchmark.name,
                               meta={"child": node.node_id, "detached": detached})
             text = turn.text
         else:
@@ -518,7 +526,7 @@ class Runtime:
         :func:`pick_candidate` chooses; the chosen world is committed to the parent and its
         subtree is grafted at ``node`` (:func:`~sera_core.agents.tree.graft`); the others
         are dropped, their scores kept in ``node.meta["selection"]``."""
-        a, n, scope = self.adapter, self.cfg.select, parent.scope
+        a, n, scope = self.benchmark, self.cfg.select, parent.scope
         envs = [a.fork_child(parent.env, spec) for _ in range(n)]
         trees = [Tree.new(f"{scope.tree.tree_id}/{node.node_id}/c{b}", a.name, scope.tree.task_id, goal, candidate=b)
                  for b in range(n)]
@@ -545,7 +553,7 @@ class Runtime:
     # -- counterfactual groups -----------------------------------------------------------
     async def _branch_group(self, parent: _Agent, node: Node, spec: Any, goal: str, rubric: Rubric | None):
         """B branches of one sub-goal on forked worlds; branch 0 is the real child."""
-        a, b_count, scope = self.adapter, self.cfg.counterfactual, parent.scope
+        a, b_count, scope = self.benchmark, self.cfg.counterfactual, parent.scope
         state_before = a.world_json(parent.env)
         envs = [a.fork_child(parent.env, spec) for _ in range(b_count)]
         nodes, scopes = [node], [scope]
@@ -565,32 +573,22 @@ class Runtime:
         if scored[0][1] is not None:
             parent.node.turns.append(scored[0][1])
         self._record_score(node, scored[0][0], scope.tree)
-        values = [s.final_score if isinstance(s, Score) else None for s, _ in scored]
-        ranking = ranking_loss(values, [lab for lab, _ in labels])
         node.meta["counterfactual"] = f"group of {b_count}, branch 0 committed"
         branches = []
         for b in range(b_count):
             score, turn = scored[b]
             branch_tree = subtree(scope.tree, node.node_id, f"{scope.tree.tree_id}/{node.node_id}/b0") if b == 0 \
                 else scopes[b].tree
-            branches.append({
-                "branch": b, "tree": branch_tree.to_json(), "finished": children[b]["finished"],
-                "steps": children[b]["outcome"]["steps"], "end": children[b]["end"],
-                "state_after": a.world_json(envs[b]), "label": labels[b][0], "label_reason": labels[b][1],
-                "score": score_json(score) if isinstance(score, Score) else None,
-                "score_error": None if isinstance(score, Score) else (score.error if score else "no valid rubric"),
-                "score_turn": turn.to_json() if turn is not None else None,
-            })
+            branches.append(Branch(
+                b, branch_tree, children[b]["finished"], children[b]["outcome"]["steps"], children[b]["end"],
+                a.world_json(envs[b]), labels[b][0], labels[b][1], score if isinstance(score, Score) else None,
+                None if isinstance(score, Score) else (score.error if score else "no valid rubric"), turn))
         act = parent.node.turns[parent.act_index]
-        scope.shared.points.append({
-            "format": POINT_FORMAT, "tree_id": scope.tree.tree_id, "env": a.name, "task_id": scope.tree.task_id,
-            "parent_id": parent.node.node_id, "child_id": node.node_id, "event_id": node.event_id,
-            "launch_step": node.launch_step,
-            "parent_prefix": {"prompt_ids": list(act.prompt_ids), "completion_ids": list(act.completion_ids),
-                              "text": render_trajectory(parent.node, parent.act_index)},
-            "subtask": goal, "rubric": node.rubric, "rubric_error": node.rubric_error,
-            "rubric_turn": node.meta.get("rubric_turn"), "state_before": state_before, "branches": branches,
-            "labels": [lab for lab, _ in labels], "scores": values,
-            "ranking": {**asdict(ranking), "reward": ranking.reward},
-        })
+        point = DelegationPoint(
+            scope.tree.tree_id, a.name, scope.tree.task_id, parent.node.node_id, node.node_id, node.event_id,
+            node.launch_step, {"prompt_ids": list(act.prompt_ids), "completion_ids": list(act.completion_ids),
+                               "text": render_trajectory(parent.node, parent.act_index)},
+            goal, node.rubric, node.rubric_error, node.meta.get("rubric_turn"), state_before, branches)
+        point.ranking = ranking_loss(point.scores, point.labels)
+        scope.shared.points.append(point)
         return children[0]

@@ -21,33 +21,25 @@ The three objectives (SPEC 3) train three disjoint masks over the same record::
 :meth:`Tree.masks` gives, per turn, the boolean mask of one role; the masks of the four
 roles partition the completion tokens.
 
-Which tokens are ``launch`` (:func:`roles_for`) is decided on the decoded completion
-text and mapped back to tokens without re-tokenising:
-
-1. :func:`launch_spans` finds the character spans of the delegation statement(s):
-   TextCraft - inside the first ``<python>`` block, the smallest *statement* whose
-   source refers to ``launch_subagent`` (by ``ast``; a syntax error falls back to the
-   lines that contain ``launch_subagent(``); TextWorld - each whole
-   ``<delegate>...</delegate>`` block.
-2. :func:`token_char_spans` finds each token's character span in ``decode(ids)`` by
-   decoding prefixes (robust to characters split across byte-level tokens).
-3. A token is ``launch`` when its span overlaps a launch span (:func:`overlap_mask`;
-   a token with an empty span takes the span of the next token with a non-empty one).
+Which tokens are ``launch`` is decided by :mod:`sera_core.agents.roles` (with each
+benchmark's rule from the registry); this module is plain data.
 
 Trees are plain data (dataclasses of lists, dicts, str, int, float) and serialise to
 one JSON object per line (:func:`write_trees` / :func:`read_trees`); reading back gives
 an equal tree, floats bit for bit, and re-serialising gives the same bytes.
+
+The record is one cohesive data type: nodes, turns, masks, events, serialisation and the
+subtree/graft copies it needs; it is plain data and imports no other part of the
+workbook.
 """
 
 from __future__ import annotations
 
-import ast
 import json
 import math
 import operator
 import os
-import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -57,16 +49,19 @@ ROLES = ("execution", "launch", "rubric", "score")
 """Every completion token's role; the masks of the four roles partition the tokens."""
 KINDS = ("act", "rubric", "score")
 """Turn kinds: an agent's step in the environment, a rubric-writing call, a scoring call."""
-ENVS = ("textcraft", "textworld")
-"""The benchmarks a tree can come from."""
 FORMAT = "sera.tree/1"
 """The ``format`` tag of a serialised tree."""
 
 _KIND_ROLES = {"act": ("execution", "launch"), "rubric": ("rubric",), "score": ("score",)}
 """The roles a turn of each kind may hold."""
 
-Decode = Callable[[list[int]], str]
-"""``decode(ids) -> text``, e.g. ``tokenizer.decode``; must be deterministic."""
+
+
+def _envs() -> tuple[str, ...]:
+    """The benchmark names a tree may carry (the registry's; imported late: trees are plain data)."""
+    from sera_core.envs.registry import ENVS
+
+    return ENVS
 
 
 # ---------------------------------------------------------------------------------
@@ -360,8 +355,8 @@ class Tree:
     """Free JSON-native extras (seed, policy version, config name, ...)."""
 
     def __post_init__(self) -> None:
-        if self.env not in ENVS:
-            raise ValueError(f"Tree: env {self.env!r} is not one of {ENVS}")
+        if self.env not in _envs():
+            raise ValueError(f"Tree: env {self.env!r} is not one of {_envs()}")
 
     def __repr__(self) -> str:  # short: a tree can hold millions of token ids
         return (f"Tree({self.tree_id!r}, env={self.env!r}, task_id={self.task_id!r}, nodes={len(self.nodes)}, "
@@ -383,6 +378,12 @@ class Tree:
         tree = cls(tree_id=tree_id, env=env, task_id=task_id, meta=dict(meta))
         tree.add_node(task)
         return tree
+
+    @property
+    def dropped(self) -> bool:
+        """Whether the ``drop_rollout`` policy dropped this rollout (a malformed rubric or score
+        in it): it gives no datums and leaves every baseline."""
+        return bool(self.meta.get("drop_rollout"))
 
     @property
     def root(self) -> Node:
@@ -516,8 +517,8 @@ class Tree:
         """Raise ``ValueError`` if the structure is inconsistent (links, depths, events,
         launch steps, reward) or a turn is invalid."""
         where = f"Tree {self.tree_id}"
-        if self.env not in ENVS:
-            raise ValueError(f"{where}: env {self.env!r} is not one of {ENVS}")
+        if self.env not in _envs():
+            raise ValueError(f"{where}: env {self.env!r} is not one of {_envs()}")
         if self.root_reward is not None and self.root_reward not in (0, 1):
             raise ValueError(f"{where}: root_reward must be 0, 1 or None, got {self.root_reward!r}")
         if not self.nodes:
@@ -660,229 +661,7 @@ def dumps_tree(tree: Tree) -> str:
     return json.dumps(tree.to_json())
 
 
-# ---------------------------------------------------------------------------------
-# Token roles from text spans, without re-tokenising
-# ---------------------------------------------------------------------------------
-def _common_prefix_len(a: str, b: str) -> int:
-    if b.startswith(a):
-        return len(a)
-    lo, hi = 0, min(len(a), len(b))  # invariant: a[:lo] is a prefix of b
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if b.startswith(a[:mid]):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def _char_spans(ids: Sequence[int], decode: Decode) -> tuple[str, list[tuple[int, int]]]:
-    ids = list(ids)
-    full = decode(ids)
-    n = len(ids)
-    ends = [0] * (n + 1)
-    ends[n] = len(full)
-    for k in range(1, n):
-        ends[k] = _common_prefix_len(decode(ids[:k]), full)
-    for k in range(n - 1, 0, -1):  # monotone: a prefix never reaches past a later prefix
-        ends[k] = min(ends[k], ends[k + 1])
-    return full, [(ends[k], ends[k + 1]) for k in range(n)]
-
-
-def token_char_spans(ids: Sequence[int], decode: Decode) -> list[tuple[int, int]]:
-    """The character span ``[start, end)`` of each token in ``decode(ids)``.
-
-    Computed from prefixes: token k ends where the longest common prefix of
-    ``decode(ids[:k+1])`` and ``decode(ids)`` ends (made monotone by taking the minimum
-    over later prefixes). The spans are contiguous and partition the text, so
-    ``"".join(text[s:e] for s, e in spans) == decode(ids)``.
-
-    Byte-level tokens that hold only part of a multi-byte character decode, as a
-    prefix, to a replacement character that is not in the full text; such a token gets
-    an *empty* span and the character is attributed to the token that completes it
-    (a token holding the end of one character and the start of the next gets the first
-    one; the next one goes to the token that completes it). See :func:`overlap_mask`
-    for how empty spans are resolved. Costs one decode per prefix (O(n^2) tokens).
-    """
-    return _char_spans(ids, decode)[1]
-
-
-def overlap_mask(token_spans: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> list[bool]:
-    """True for each token whose character range overlaps one of ``spans``.
-
-    Rule: a token with an empty range first takes the range of the next token with a
-    non-empty range (so every byte of a split character goes with the token that
-    completes it); trailing empty tokens (e.g. an end-of-sequence token that decodes
-    to nothing) overlap nothing.
-    """
-    eff = list(token_spans)
-    nxt: tuple[int, int] | None = None
-    for k in range(len(eff) - 1, -1, -1):
-        s, e = eff[k]
-        if e > s:
-            nxt = (s, e)
-        elif nxt is not None:
-            eff[k] = nxt
-    targets = [(s, e) for s, e in spans if e > s]
-    return [e > s and any(s < te and ts < e for ts, te in targets) for s, e in eff]
-
-
-_PYTHON_BLOCK = re.compile(r"<python>(.*?)(?:</python>|\Z)", re.DOTALL)
-"""The first code block of a TextCraft reply (same rule as ``textcraft.env.extract_code``)."""
-_DELEGATE_BLOCK = re.compile(r"<delegate>.*?</delegate>", re.DOTALL)
-"""A complete TextWorld delegate block (same rule as ``textworld.protocol``)."""
-_NEWLINE = re.compile(r"\r\n|\r|\n")
-_LAUNCH_CALL = re.compile(r"launch_subagent\s*\(")
-LAUNCH_NAME = "launch_subagent"
-"""The TextCraft tool whose statements are ``launch`` tokens."""
-
-
-def _refers_to_launch(node: ast.AST) -> bool:
-    return (isinstance(node, ast.Name) and node.id == LAUNCH_NAME) or (
-        isinstance(node, ast.Attribute) and node.attr == LAUNCH_NAME
-    )
-
-
-def _launch_statement_nodes(tree: ast.AST) -> list[tuple[ast.AST, ast.AST | None]]:
-    """``(statement, header)`` per reference to ``launch_subagent``: the smallest
-    enclosing statement, and for a reference in a compound statement's header (``for``
-    iterable, ``if``/``while`` test, ``with`` item, ...) the outermost positioned node
-    of that header part (None for a simple statement)."""
-    found: list[tuple[ast.AST, ast.AST | None]] = []
-
-    def visit(node: ast.AST, stmt: ast.AST | None, header: ast.AST | None) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.stmt):
-                visit(child, child, None)
-                continue
-            child_header = header
-            if stmt is not None and node is stmt and hasattr(child, "end_col_offset"):
-                child_header = child  # a positioned direct part of the statement
-            elif stmt is not None and header is None and hasattr(child, "end_col_offset"):
-                child_header = child  # first positioned node below an unpositioned part (withitem)
-            if _refers_to_launch(child) and stmt is not None:
-                found.append((stmt, child_header))
-            visit(child, stmt, child_header)
-
-    visit(tree, None, None)
-    return found
-
-
-def _textcraft_launch_spans(text: str) -> list[tuple[int, int]]:
-    match = _PYTHON_BLOCK.search(text)
-    if not match:
-        return []
-    code, base = match.group(1), match.start(1)
-    line_starts = [0] + [m.end() for m in _NEWLINE.finditer(code)]
-    line_ends = [m.start() for m in _NEWLINE.finditer(code)] + [len(code)]
-
-    def offset(lineno: int, col_bytes: int) -> int:
-        start = line_starts[lineno - 1]
-        line = code[start:line_ends[lineno - 1]]
-        return base + start + len(line.encode("utf-8")[:col_bytes].decode("utf-8", errors="ignore"))
-
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        spans = []
-        for start, end in zip(line_starts, line_ends, strict=True):
-            line = code[start:end]
-            if _LAUNCH_CALL.search(line):
-                lead = len(line) - len(line.lstrip())
-                spans.append((base + start + lead, base + end))
-        return spans
-    spans = []
-    for stmt, header in _launch_statement_nodes(tree):
-        s = offset(stmt.lineno, stmt.col_offset)  # type: ignore[attr-defined]
-        if header is None or not isinstance(stmt, _COMPOUND):
-            e = offset(stmt.end_lineno, stmt.end_col_offset)  # type: ignore[attr-defined]
-        else:
-            s = min(s, offset(header.lineno, header.col_offset))  # type: ignore[attr-defined]
-            e = offset(header.end_lineno, header.end_col_offset)  # type: ignore[attr-defined]
-        spans.append((s, e))
-    return _merge(spans)
-
-
-_COMPOUND = (
-    ast.For, ast.AsyncFor, ast.While, ast.If, ast.With, ast.AsyncWith, ast.Try, ast.FunctionDef,
-    ast.AsyncFunctionDef, ast.ClassDef, ast.Match,
-) + ((ast.TryStar,) if hasattr(ast, "TryStar") else ())
-"""Statements with a body: a launch in their header marks only the header."""
-
-
-def _merge(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for s, e in sorted(spans):
-        if out and s <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], e))
-        else:
-            out.append((s, e))
-    return out
-
-
-def launch_spans(text: str, env: str) -> list[tuple[int, int]]:
-    """Character spans ``[start, end)`` of ``text`` that write a delegation, sorted, disjoint.
-
-    TextCraft: only the first ``<python>`` block counts (it is the one executed; the
-    closing tag may be missing). Its code is parsed with ``ast``; every reference to
-    ``launch_subagent`` (a call, or the function passed along, as in
-    ``map(launch_subagent, ...)``) marks the source of the *smallest statement*
-    containing it: ``r = await launch_subagent(...)`` inside a ``for`` body marks that
-    line, not the loop; ``await asyncio.gather(launch_subagent(a), launch_subagent(b))``
-    over several lines is one span. A reference in a compound statement's header
-    (``for r in await gather(...):``) marks only the header, up to the end of that
-    header part. Names in comments or strings do not count. When the code does not
-    parse, every line containing ``launch_subagent(`` counts, from its first
-    non-blank character to its end.
-
-    TextWorld: every complete ``<delegate>...</delegate>`` block, tags included.
-    """
-    if env == "textcraft":
-        return _textcraft_launch_spans(text)
-    if env == "textworld":
-        return [(m.start(), m.end()) for m in _DELEGATE_BLOCK.finditer(text)]
-    raise ValueError(f"env {env!r} is not one of {ENVS}")
-
-
-def roles_for(ids: Sequence[int], decode: Decode, text: str | None, env: str, kind: str) -> list[str]:
-    """The role of each completion token.
-
-    ``rubric`` and ``score`` turns: every token has that role. ``act`` turns: tokens
-    overlapping a :func:`launch_spans` span of the text are ``launch`` (rule of
-    :func:`overlap_mask`), the rest ``execution``. ``text`` must be ``decode(ids)``
-    (None: decode here); a mismatch is a programming error (``ValueError``).
-    """
-    if kind not in KINDS:
-        raise ValueError(f"kind {kind!r} is not one of {KINDS}")
-    if env not in ENVS:
-        raise ValueError(f"env {env!r} is not one of {ENVS}")
-    n = len(ids)
-    if kind != "act":
-        return [kind] * n
-    decoded = decode(list(ids))
-    if text is None:
-        text = decoded
-    elif text != decoded:
-        raise ValueError("roles_for: text is not decode(ids); pass the decoded completion (or None)")
-    spans = launch_spans(text, env)
-    if not spans:
-        return ["execution"] * n
-    _, tok_spans = _char_spans(ids, decode)
-    return ["launch" if hit else "execution" for hit in overlap_mask(tok_spans, spans)]
-
-
-def build_turn(
-    kind: str, prompt_ids: Sequence[int], completion_ids: Sequence[int], logprobs: Sequence[float],
-    decode: Decode, env: str, observation: str | None = None, meta: dict | None = None,
-) -> Turn:
-    """A :class:`Turn` with ``text = decode(completion_ids)`` and roles from :func:`roles_for`."""
-    text = decode(list(completion_ids))
-    roles = roles_for(completion_ids, decode, text, env, kind)
-    return Turn(kind, list(prompt_ids), list(completion_ids), list(logprobs), roles, text, observation, dict(meta or {}))
-
-
 __all__ = [
-    "ENVS", "FORMAT", "KINDS", "LAUNCH_NAME", "ROLES", "DelegationEvent", "Node", "Tree", "Turn",
-    "build_turn", "dumps_tree", "launch_spans", "overlap_mask", "read_trees", "roles_for", "subtree",
-    "token_char_spans", "write_trees",
+    "FORMAT", "KINDS", "ROLES", "DelegationEvent", "Node", "Tree", "Turn", "dumps_tree", "graft", "read_trees",
+    "subtree", "write_trees",
 ]

@@ -24,7 +24,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from sera_core.agents.points import Branch, DelegationPoint
 from sera_core.agents.tree import Node, Tree, Turn
+from sera_core.rubrics import RankingResult
 
 _NBSP = "\u00a0"
 """Indentation in the node list (browsers collapse ordinary spaces in ``<option>``)."""
@@ -158,50 +160,47 @@ def render_rubric(rubric: dict | None, score: dict | None = None) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def _branch_score(branch: dict) -> str:
+def _branch_score(branch: Branch) -> str:
     """A branch's score cell: ``0.83 g=1``, ``0 (forced)``, ``malformed`` or ``-``."""
-    score = branch.get("score")
+    score = branch.score
     if score is not None:
-        return "0 (forced)" if score.get("forced") else f"{score['final_score']:.2f} g={score['gate']}"
-    return "malformed" if branch.get("score_error") else "-"
+        return "0 (forced)" if score.forced else f"{score.final_score:.2f} g={score.gate}"
+    return "malformed" if branch.score_error else "-"
 
 
-def _ranking_line(ranking: dict) -> str:
+def _ranking_line(ranking: RankingResult | None) -> str:
     """``ranking loss 0.000 over 12 pairs, pairwise accuracy 1.00`` or ``... skipped``."""
-    if ranking.get("skipped") or ranking.get("loss") is None:
+    if ranking is None or ranking.skipped or ranking.loss is None:
         return "ranking skipped (homogeneous group)"
-    return (f"ranking loss {ranking['loss']:.3f} over {ranking['pairs']} pairs, "
-            f"pairwise accuracy {ranking['accuracy']:.2f}")
+    return f"ranking loss {ranking.loss:.3f} over {ranking.pairs} pairs, pairwise accuracy {ranking.accuracy:.2f}"
 
 
-def render_point(point: dict) -> str:
+def render_point(point: DelegationPoint) -> str:
     """A delegation point (branch group) as text: header, subtask, rubric, one row per
     branch (label, score, finished, steps, end) and the ranking line."""
     lines = [
-        (f"branch group | tree {point['tree_id']} | {point['parent_id']} -> {point['child_id']}"
-         f" | event {point.get('event_id')} | launch step {point.get('launch_step')}"),
-        f"subtask: {point.get('subtask', '')}",
+        (f"branch group | tree {point.tree_id} | {point.parent_id} -> {point.child_id}"
+         f" | event {point.event_id} | launch step {point.launch_step}"),
+        f"subtask: {point.subtask}",
     ]
-    if point.get("rubric") is None and point.get("rubric_error"):
-        lines.append(f"rubric: malformed ({point['rubric_error']})")
+    if point.rubric is None and point.rubric_error:
+        lines.append(f"rubric: malformed ({point.rubric_error})")
     else:
-        lines.append(render_rubric(point.get("rubric")))
-    rows = [[str(b["branch"]), _verdict(b.get("label")), _branch_score(b), "yes" if b.get("finished") else "no",
-             str(b.get("steps", "")), str(b.get("end", ""))] for b in point.get("branches", [])]
+        lines.append(render_rubric(point.rubric))
+    rows = [[str(b.branch), _verdict(b.label), _branch_score(b), "yes" if b.finished else "no", str(b.steps), str(b.end)]
+            for b in point.branches]
     lines += _table(["branch", "label", "score", "finished", "steps", "end"], rows)
-    lines.append(_ranking_line(point.get("ranking", {})))
+    lines.append(_ranking_line(point.ranking))
     return "\n".join(line.rstrip() for line in lines)
 
 
-def _branch_html(branch: dict, max_chars: int = 240) -> str:
+def _branch_html(branch: Branch, max_chars: int = 240) -> str:
     """One branch column: label, score, steps and the branch root's act turns, abbreviated."""
-    data = branch.get("tree") or {}
-    root = next((n for n in data.get("nodes", []) if n["node_id"] == data.get("root_id", "0")), {"turns": []})
-    acts = [t for t in root["turns"] if t["kind"] == "act"]
-    head = (f"<b>branch {branch['branch']}</b><br>label {_verdict(branch.get('label'))}<br>"
-            f"score {html.escape(_branch_score(branch))}<br>steps {branch.get('steps', '')} "
-            f"({'finished' if branch.get('finished') else 'unfinished'}, {html.escape(str(branch.get('end', '')))})")
-    body = "".join(_PRE.format(html.escape(f"#{i} " + _cut(t["text"].strip(), max_chars))) for i, t in enumerate(acts))
+    acts = [t for t in branch.tree.root.turns if t.kind == "act"]
+    head = (f"<b>branch {branch.branch}</b><br>label {_verdict(branch.label)}<br>"
+            f"score {html.escape(_branch_score(branch))}<br>steps {branch.steps} "
+            f"({'finished' if branch.finished else 'unfinished'}, {html.escape(str(branch.end))})")
+    body = "".join(_PRE.format(html.escape(f"#{i} " + _cut(t.text.strip(), max_chars))) for i, t in enumerate(acts))
     return head + body
 
 
@@ -215,16 +214,16 @@ class TreeBrowser:
     shows :attr:`widget`.
     """
 
-    def __init__(self, trees: Sequence[Tree], points: Sequence[dict] = ()) -> None:
+    def __init__(self, trees: Sequence[Tree], points: Sequence[DelegationPoint] = ()) -> None:
         import ipywidgets as w
 
         if not trees:
             raise ValueError("TreeBrowser needs at least one tree")
         self._w = w
         self.trees = list(trees)
-        self._points: dict[tuple[str, str], list[dict]] = {}
+        self._points: dict[tuple[str, str], list[DelegationPoint]] = {}
         for point in points:
-            self._points.setdefault((point["tree_id"], point["child_id"]), []).append(point)
+            self._points.setdefault((point.tree_id, point.child_id), []).append(point)
         self.tree_dropdown = w.Dropdown(
             options=[(f"{t.tree_id} ({t.env} {t.task_id})", i) for i, t in enumerate(self.trees)],
             value=0, description="tree", layout=w.Layout(width="60%"))
@@ -299,7 +298,7 @@ class TreeBrowser:
         for point in self._points.get((self.tree.tree_id, node_id), []):
             cols = [w.HTML(_branch_html(b), layout=w.Layout(flex="1 1 0%", min_width="10em", padding="4px",
                                                             border="1px solid #ccc"))
-                    for b in point.get("branches", [])]
+                    for b in point.branches]
             self._columns += cols
             groups.append(w.VBox([w.HTML(_PRE.format(esc(render_point(point)))),
                                   w.HBox(cols, layout=w.Layout(overflow="auto"))]))

@@ -26,14 +26,15 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-DIFFICULTIES = ("easy", "medium", "hard", "extreme")
-"""The four difficulty levels, easiest first."""
-TEXTCRAFT_COUNTS = {"easy": 147, "medium": 213, "hard": 136, "extreme": 136}
+from sera_core.envs import DIFFICULTIES
+from sera_core.envs.registry import BENCHMARKS
+
+COUNTS = {name: b.eval_counts for name, b in BENCHMARKS.items()}
+"""The evaluation task counts of each benchmark, per difficulty (the registry's)."""
+TEXTCRAFT_COUNTS = COUNTS["textcraft"]
 """TextCraft-Synth evaluation pool: tasks per difficulty (632 in all)."""
-TEXTWORLD_COUNTS = {d: 350 for d in DIFFICULTIES}
+TEXTWORLD_COUNTS = COUNTS["textworld"]
 """TextWorld-Sync test split: tasks per difficulty (1,400 in all)."""
-COUNTS = {"textcraft": TEXTCRAFT_COUNTS, "textworld": TEXTWORLD_COUNTS}
-"""The evaluation task counts of each benchmark."""
 SUMMARY_FORMAT = "sera.eval/1"
 """The ``format`` tag of an evaluation ``summary.json`` (:func:`summarize_runs`)."""
 STD_DDOF = 0
@@ -72,11 +73,11 @@ def benchmark_average(env: str, rates: Mapping[str, float], counts: Mapping[str,
     unknown = sorted(set(rates) - set(DIFFICULTIES))
     if unknown:
         raise ValueError(f"unknown difficulties {unknown}; expected some of {DIFFICULTIES}")
-    if env == "textcraft":
-        return weighted_average(rates, TEXTCRAFT_COUNTS if counts is None else counts)
-    if env == "textworld":
-        return macro_average(rates)
-    raise ValueError(f"env must be one of {tuple(COUNTS)}, got {env!r}")
+    if env not in BENCHMARKS:
+        raise ValueError(f"env must be one of {tuple(COUNTS)}, got {env!r}")
+    if BENCHMARKS[env].pool_weighted:
+        return weighted_average(rates, COUNTS[env] if counts is None else counts)
+    return macro_average(rates)
 
 
 def succeeded(row: Mapping[str, Any]) -> bool:

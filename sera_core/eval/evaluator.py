@@ -33,6 +33,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from sera_core.agents.runtime import Rollout, Runtime, RuntimeConfig
+from sera_core.envs.registry import BENCHMARKS
 from sera_core.eval.aggregate import summarize_runs
 from sera_core.utils.aio import run_sync
 from sera_core.utils.jsonio import JsonlCheckpoint, write_atomic, write_jsonl
@@ -76,10 +77,20 @@ class EvalConfig:
     """The method row it stands for (``sera``, ``rao``, ...), if any."""
     policy: str = ""
     """The policy spec it was run with (``expert``, ``hf:PATH``, ...), recorded only."""
+    judge: str = "program"
+    """Who labels the ordinary children (each row's ``children_passed``; the root checker
+    alone decides success): ``program`` (the benchmarks' checkers) or ``llm`` (TextWorld:
+    free-form subgoals go to an OpenAI-compatible judge, canonical ones to the checker;
+    pass the judge object to :func:`evaluate`)."""
+    judge_model: str | None = None
+    """The LLM judge's model name (recorded in the plan: two judges never mix)."""
 
     def __post_init__(self) -> None:
-        if self.env not in ("textcraft", "textworld"):
-            raise EvalError(f"env must be 'textcraft' or 'textworld', got {self.env!r}")
+        if self.env not in BENCHMARKS:
+            raise EvalError(f"env must be one of {list(BENCHMARKS)}, got {self.env!r}")
+        if self.judge not in BENCHMARKS[self.env].judges or (self.judge == "llm" and not self.judge_model):
+            raise EvalError(f"judge must be one of {', '.join(BENCHMARKS[self.env].judges)} for {self.env} "
+                            "('llm' with a judge model)")
         if self.seeds < 1 or self.select < 1 or self.concurrency < 1:
             raise EvalError("seeds, select and concurrency must be >= 1")
         self.runtime(0)  # the runtime's own checks, before any work
@@ -97,14 +108,16 @@ def shard_file(out: Path, seed: int, shard: tuple[int, int]) -> Path:
 
 
 def task_row(rollout: Rollout, index: int, seed: int) -> dict[str, Any]:
-    """One task's result: success (the root checker; False on error), error, size and time."""
+    """One task's result: success (the root checker; False on error), error, size, the
+    judge's labels of the children (``children_labelled``, ``children_passed``) and time."""
     tree = rollout.tree
     error = tree.meta.get("error")
     acts = sum(1 for n in tree.nodes.values() for t in n.turns if t.kind == "act")
+    labels = [n.label for n in tree.nodes.values() if n.label is not None]
     return {"task_id": tree.task_id, "index": index, "seed": seed, "difficulty": tree.meta.get("difficulty"),
             "family": tree.meta.get("task_family"), "success": bool(tree.root_reward == 1.0 and error is None),
             "error": error, "agents": len(tree.nodes), "steps": acts, "forks": tree.meta.get("forks", 0),
-            "seconds": rollout.seconds}
+            "children_labelled": len(labels), "children_passed": sum(labels), "seconds": rollout.seconds}
 
 
 def _plan(cfg: EvalConfig, ids: list[str], shards: int) -> dict[str, Any]:
@@ -133,7 +146,7 @@ async def _play(runtime: Runtime, todo: list[tuple[int, dict]], seed: int, ckpt:
 
     async def one(index: int, record: dict) -> None:
         async with gate:
-            rollout = await runtime.rollout(record, f"{runtime.adapter.task_id(record)}/s{seed}")
+            rollout = await runtime.rollout(record, f"{runtime.benchmark.task_id(record)}/s{seed}")
         row = task_row(rollout, index, seed)
         ckpt.add(row)
         passed[0] += row["success"]
@@ -145,8 +158,11 @@ async def _play(runtime: Runtime, todo: list[tuple[int, dict]], seed: int, ckpt:
 
 
 def evaluate(records: list[dict], actor: Any, out: str | Path, cfg: EvalConfig, *, shard: tuple[int, int] = (0, 1),
-             resume: bool = False, external: Any = None, official: bool = False, progress: bool = True) -> dict[str, Any]:
-    """Evaluate ``actor`` on ``records`` into ``out`` (module docstring). Returns the
+             resume: bool = False, external: Any = None, judge: Any = None, official: bool = False,
+             progress: bool = True) -> dict[str, Any]:
+    """Evaluate ``actor`` on ``records`` into ``out`` (module docstring); ``judge`` labels the
+    children (default: the benchmark's program checker; :meth:`~sera_core.envs.registry.Benchmark.make_judge`
+    builds the one ``cfg.judge`` names). Returns the
     summary when the evaluation is complete (one shard, or the last shard to finish
     merges), else ``{"shard": ..., "complete": False}``; either with ``played``: the
     rollouts this call played (resumed rows not counted)."""
@@ -154,8 +170,10 @@ def evaluate(records: list[dict], actor: Any, out: str | Path, cfg: EvalConfig, 
     i, n = shard
     if not (0 <= i < n):
         raise EvalError(f"shard must be i/n with 0 <= i < n, got {i}/{n}")
-    probe = Runtime(cfg.env, actor, cfg.runtime(0), external=external, official=official)
-    ids = [probe.adapter.task_id(r) for r in records]
+    if (judge is None) != (cfg.judge == "program"):
+        raise EvalError(f"cfg.judge is {cfg.judge!r}: pass the judge object exactly when it is 'llm'")
+    probe = Runtime(cfg.env, actor, cfg.runtime(0), external=external, judge=judge, official=official)
+    ids = [probe.benchmark.task_id(r) for r in records]
     if len(set(ids)) != len(ids):
         raise EvalError("task ids are not unique")
     _check_plan(out, _plan(cfg, ids, n))
@@ -167,7 +185,7 @@ def evaluate(records: list[dict], actor: Any, out: str | Path, cfg: EvalConfig, 
             raise EvalError(f"{ckpt.path} already holds {len(ckpt.records)} results; pass --resume or use another --out")
         todo = [(k, r) for k, r in mine if ids[k] not in ckpt.records or ckpt.records[ids[k]]["error"] is not None]
         played += len(todo)
-        runtime = Runtime(cfg.env, actor, cfg.runtime(seed), external=external, official=official)
+        runtime = Runtime(cfg.env, actor, cfg.runtime(seed), external=external, judge=judge, official=official)
         bar = tqdm(total=len(mine), initial=len(mine) - len(todo), desc=f"eval {cfg.env} seed {seed}",
                    disable=not progress, unit="task")
         try:
@@ -214,6 +232,9 @@ def merge(out: str | Path) -> dict[str, Any]:
                "policy": plan["policy"], "select": plan["config"]["select"],
                "contract": {"temperature": 0.0, "trees_per_task": 1,
                             **{k: plan["config"][k] for k in ("max_steps", "max_depth", "max_new_tokens")}},
+               "judge": {"kind": plan["config"].get("judge", "program"), "model": plan["config"].get("judge_model"),
+                         **{k: sum(r.get(k, 0) for rows in per_seed.values() for r in rows)
+                            for k in ("children_labelled", "children_passed")}},
                "rollout_seconds": round(sum(r["seconds"] for rows in per_seed.values() for r in rows), 2)}
     write_atomic(out / "summary.json", json.dumps(summary, indent=1).encode())
     return summary

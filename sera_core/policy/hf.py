@@ -41,6 +41,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from sera_core.policy.base import Generation, SamplingParams, per_prompt
+from sera_core.policy.chat import chat_ids
 
 SHARED_PREFIX_MIN = 32
 """A batch whose prompts share this many more tokens than the store holds runs the shared
@@ -87,10 +88,7 @@ class HFPolicy:
         self._weights_version: int | None = None
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if hasattr(ids, "keys"):  # a BatchEncoding in newer transformers
-            ids = ids["input_ids"]
-        return [int(i) for i in ids]
+        return chat_ids(self.tokenizer, messages)
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)

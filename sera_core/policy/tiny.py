@@ -10,7 +10,6 @@ on top of this (the embedded-model issue).
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -100,40 +99,3 @@ def build_tiny(path: str | os.PathLike, texts: Iterable[str], *, vocab_size: int
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
-
-
-def corpus(seed: int = 0) -> list[str]:
-    """A small deterministic corpus of both benchmarks' vocabulary and the runtime's text.
-
-    Item names and recipes of the default TextCraft world, CookingWorld foods with every
-    preparation, the agents' system prompts, tool listings and the rubric/score prompt
-    skeletons: enough for a byte-level BPE to keep common identifiers and phrases whole.
-    """
-    import json
-
-    from sera_core.agents import prompts
-    from sera_core.envs.textcraft.tasks import world_for
-    from sera_core.envs.textcraft.world import WorldConfig
-    from sera_core.envs.textworld.data import COOKING, CUTTING, ROOMS, load_foods
-    from sera_core.policy.expert import textcraft_rubric, textworld_rubric
-    from sera_core.rubrics import RUBRIC_SECTIONS
-
-    book = world_for(WorldConfig(seed=seed))
-    texts = [f"{item}: {json.dumps(dict(r.ingredients))} -> {r.result_count}" for item, r in sorted(book.recipes.items())]
-    texts += [" ".join(book.base_items)]
-    foods = sorted(load_foods())
-    texts += [f"bring the {f}, {c} and {k}, to the counter" for f in foods for c in COOKING for k in CUTTING]
-    texts += [f"go to {r}" for r in ROOMS]
-    for env in ("textcraft", "textworld"):
-        for depth in (0, 3):
-            texts.append(prompts.system_prompt(env, depth=depth, max_depth=3, max_steps=20))
-    texts += [" ".join(f"## {s}" for s in RUBRIC_SECTIONS), prompts.RUBRIC_SYSTEM, prompts.SCORE_SYSTEM]
-    texts += [json.dumps(textcraft_rubric({"a1_i5": 3})), json.dumps(textworld_rubric("prepare and eat dish_1"))]
-    return texts
-
-
-@functools.lru_cache(maxsize=2)
-def default_tokenizer(vocab_size: int = 2000):
-    """A tokenizer for scripted policies until a model is given: :func:`train_tokenizer`
-    on :func:`corpus` (deterministic; about a second; cached per process)."""
-    return train_tokenizer(corpus(), vocab_size)

@@ -19,6 +19,7 @@ import os
 from collections.abc import Mapping
 
 from sera_core.policy.base import Generation, SamplingParams, per_prompt
+from sera_core.policy.chat import chat_ids
 
 
 class VLLMPolicy:
@@ -34,8 +35,7 @@ class VLLMPolicy:
         self.tokenizer = self.llm.get_tokenizer()
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return [int(i) for i in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
+        return chat_ids(self.tokenizer, messages)
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)

@@ -44,7 +44,7 @@ def execution_datums(tree: Tree, source: str = "rubric") -> list[Datum]:
     """One datum per agent with execution tokens: ``r_exec(i, v)`` (module docstring)."""
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
-    if tree.meta.get("drop_rollout"):
+    if tree.dropped:
         return []
     out = []
     for node in tree.nodes.values():

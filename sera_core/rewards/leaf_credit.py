@@ -31,7 +31,7 @@ def _passed_gate(tree: Tree, node_id: str) -> bool:
 def leaf_datums(tree: Tree, gate_filter: bool = False) -> list[Datum]:
     """One datum per parent step with launch tokens: ``r_leaf`` (module docstring), in
     node order, then turn order."""
-    if tree.meta.get("drop_rollout"):
+    if tree.dropped:
         return []
     r_tree, n_leaves = root_reward(tree), len(tree.leaves())
     covered: dict[tuple[str, int], set[str]] = {}

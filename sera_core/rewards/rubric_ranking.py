@@ -27,35 +27,36 @@ from __future__ import annotations
 from collections.abc import Iterable
 from statistics import pstdev
 
+from sera_core.agents.points import DelegationPoint
 from sera_core.rewards import Datum
 
 VARIANTS = ("ranking", "discriminative")
 
 
-def kept_points(rollouts: Iterable) -> list[dict]:
+def kept_points(rollouts: Iterable) -> list[DelegationPoint]:
     """The delegation points of the rollouts whose tree is not marked ``drop_rollout``."""
-    return [p for r in rollouts if not r.tree.meta.get("drop_rollout") for p in r.points]
+    return [p for r in rollouts if not r.tree.dropped for p in r.points]
 
 
-def group_spread(point: dict) -> float:
+def group_spread(point: DelegationPoint) -> float:
     """``std_b(s_b)`` over the branches with both a label and a score."""
-    valid = [s for s, y in zip(point["scores"], point["labels"], strict=True) if s is not None and y is not None]
+    valid = [s for s, y in zip(point.scores, point.labels, strict=True) if s is not None and y is not None]
     return pstdev(valid) if len(valid) > 1 else 0.0
 
 
-def rubric_datums(points: Iterable[dict], variant: str = "ranking", spread_weight: float = 1.0) -> list[Datum]:
-    """One datum per valid delegation point (``sera.delegation/1`` records): the
+def rubric_datums(points: Iterable[DelegationPoint], variant: str = "ranking", spread_weight: float = 1.0) -> list[Datum]:
+    """One datum per valid :class:`~sera_core.agents.points.DelegationPoint`: the
     reward of its rubric-writing call (module docstring). The writer's depth is read
     from its node id (``"0"`` root, ``"0.1"`` depth 1, ...)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     out = []
     for p in points:
-        if p["ranking"]["skipped"] or p.get("rubric_turn") is None:
+        if p.ranking.skipped or p.rubric_turn is None:
             continue
-        reward = -p["ranking"]["loss"]
+        reward = -p.ranking.loss
         if variant == "discriminative":
             reward += spread_weight * group_spread(p)
-        out.append(Datum(p["tree_id"], p["task_id"], p["parent_id"], p["rubric_turn"], "rubric",
-                         p["parent_id"].count("."), reward, group=f"{p['parent_id']}>{p['child_id']}"))
+        out.append(Datum(p.tree_id, p.task_id, p.parent_id, p.rubric_turn, "rubric",
+                         p.parent_id.count("."), reward, group=f"{p.parent_id}>{p.child_id}"))
     return out

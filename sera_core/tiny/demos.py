@@ -60,10 +60,18 @@ class DemoConfig:
     names and counts of the training worlds, the reply repeats it exactly. Short, so the
     curriculum serves them first: they teach copying from the context (induction heads)
     before the transcripts need it."""
+    perturb: float = field(default=0.0, metadata={"hashed_when_set": True})
+    """Chance that an expert act turn (not an agent's first) is replaced by a plausible
+    mistake that changes nothing (:class:`~sera_core.policy.expert.ExpertPolicy`'s
+    ``perturb``): the transcripts then show errors followed by good moves, and the model
+    learns to recover from its own mistakes; the mistakes themselves are never learnt
+    (:func:`turn_samples`). 0: none (and the recipe hash is what it was before this field)."""
 
     def __post_init__(self) -> None:
         if self.textcraft_worlds < 0 or self.textworld_tasks < 0 or self.noisy_every < 1 or self.copy_drills < 0:
             raise ValueError("textcraft_worlds, textworld_tasks, copy_drills >= 0 and noisy_every >= 1 are required")
+        if not 0.0 <= self.perturb < 1.0:
+            raise ValueError("perturb is a probability in [0, 1)")
         if any(n < 0 for n in self.textcraft_mix.values()):
             raise ValueError("textcraft_mix counts must be >= 0")
 
@@ -97,23 +105,36 @@ def turn_samples(turns: list[Turn]) -> Iterator[Sample]:
     earlier completion becomes a :attr:`~sera_core.tiny.sft.Sample.learn` span), so one
     sequence carries a whole conversation; rubric and scoring calls (their own
     conversations) are samples of their own. Learnt tokens and their contexts are
-    exactly those of one sample per turn."""
+    exactly those of one sample per turn, except that a *perturbation* (an act turn whose
+    meta says ``perturbation``: a mistake put in on purpose) is context only, never learnt:
+    a conversation that ends on one is cut after its last learnt turn."""
     run: Sample | None = None
+    run_mistake = False  # whether run's completion is a perturbation
+
+    def finished(run: Sample, mistake: bool) -> Iterator[Sample]:
+        if not mistake:
+            yield run
+        elif run.learn:  # the last learnt completion becomes the sample's completion
+            a, b = run.learn[-1]
+            yield Sample(run.prompt_ids[:a], run.prompt_ids[a:b], learn=run.learn[:-1])
+
     for turn in turns:
         if not turn.completion_ids:
             continue
         prompt, completion = tuple(turn.prompt_ids), tuple(turn.completion_ids)
+        mistake = bool(turn.meta.get("perturbation"))
         if turn.kind != "act":
             yield Sample(prompt, completion)
             continue
         if run is not None and prompt[:len(run.prompt_ids) + len(run.completion_ids)] == run.prompt_ids + run.completion_ids:
-            run = Sample(prompt, completion, learn=run.learn + ((len(run.prompt_ids), len(run.prompt_ids) + len(run.completion_ids)),))
+            learnt = () if run_mistake else ((len(run.prompt_ids), len(run.prompt_ids) + len(run.completion_ids)),)
+            run, run_mistake = Sample(prompt, completion, learn=run.learn + learnt), mistake
             continue
         if run is not None:
-            yield run
-        run = Sample(prompt, completion)
+            yield from finished(run, run_mistake)
+        run, run_mistake = Sample(prompt, completion), mistake
     if run is not None:
-        yield run
+        yield from finished(run, run_mistake)
 
 
 def rollout_samples(rollout: Rollout) -> Iterator[Sample]:
@@ -122,9 +143,9 @@ def rollout_samples(rollout: Rollout) -> Iterator[Sample]:
     for node in rollout.tree.nodes.values():
         yield from turn_samples(node.turns)
     for point in rollout.points:
-        for branch in point["branches"][1:]:
-            if branch["score_turn"] is not None:
-                yield from turn_samples([Turn.from_json(branch["score_turn"])])
+        for branch in point.branches[1:]:
+            if branch.score_turn is not None:
+                yield from turn_samples([branch.score_turn])
 
 
 def copy_drills(tokenizer: Any, cfg: DemoConfig) -> list[Sample]:
@@ -146,8 +167,8 @@ def copy_drills(tokenizer: Any, cfg: DemoConfig) -> list[Sample]:
 
 def play(env: str, tasks: list[dict], tokenizer: Any, cfg: DemoConfig, *, progress: bool = False) -> list[Rollout]:
     """The expert's rollouts of ``tasks`` (every ``noisy_every``-th one noisy, with groups)."""
-    clean = Runtime(env, ExpertPolicy(tokenizer), RuntimeConfig(seed=cfg.seed))
-    noisy = Runtime(env, ExpertPolicy(tokenizer, textcraft=NOISY_CRAFT, textworld=NOISY_WORLD),
+    clean = Runtime(env, ExpertPolicy(tokenizer, perturb=cfg.perturb), RuntimeConfig(seed=cfg.seed))
+    noisy = Runtime(env, ExpertPolicy(tokenizer, textcraft=NOISY_CRAFT, textworld=NOISY_WORLD, perturb=cfg.perturb),
                     RuntimeConfig(seed=cfg.seed, counterfactual=4, fork_cap=8))
 
     async def main() -> list[Rollout]:

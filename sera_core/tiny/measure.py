@@ -24,7 +24,6 @@ interruption, losing at most the run in progress.
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import time
@@ -37,24 +36,33 @@ from sera_core.agents.actors import PolicyActor
 from sera_core.agents.runtime import Rollout, Runtime, RuntimeConfig
 from sera_core.agents.summary import summarize
 from sera_core.agents.tree import read_trees, write_trees
-from sera_core.envs.textcraft.env import extract_code
-from sera_core.envs.textworld.protocol import parse_reply
+from sera_core.envs.registry import BENCHMARKS, record_value
 from sera_core.policy.hf import HFPolicy
 from sera_core.utils.jsonio import write_atomic
 
 
 def well_formed(text: str, env: str) -> bool:
-    """Whether one act reply is in the benchmark's format."""
-    if env == "textworld":
-        return parse_reply(text).kind != "invalid"
-    code = extract_code(text)
-    if code is None:
-        return False
-    try:
-        ast.parse(code)
-    except (SyntaxError, ValueError):
-        return False
-    return True
+    """Whether one act reply is in the benchmark's format (:meth:`~sera_core.envs.registry.Benchmark.well_formed`)."""
+    return BENCHMARKS[env].well_formed(text)
+
+
+MEASURED = {"textcraft": (("easy", "medium"), False), "textworld": (("easy",), True)}
+"""Per benchmark: the difficulties the issue sets targets for, and whether the tasks are
+spread over the level (TextWorld's test file is ordered by family) or its first ones."""
+
+
+def measured_tasks(env: str, per_level: int) -> list[dict]:
+    """The held-out tasks ``sera tiny measure`` plays: ``per_level`` tasks of each of the
+    benchmark's :data:`MEASURED` levels from its evaluation split (TextCraft val: the first
+    ones; TextWorld test: spread evenly over the level)."""
+    bench = BENCHMARKS[env]()
+    tasks = bench.generate_split(bench.eval_split)
+    levels, spread = MEASURED[env]
+    out = []
+    for level in levels:
+        mine = [t for t in tasks if record_value(t, "difficulty") == level]
+        out += (mine[::max(1, len(mine) // per_level)] if spread else mine)[:per_level]
+    return out
 
 
 def _figures(rollouts: list, env: str) -> dict[str, Any]:
@@ -129,4 +137,4 @@ def measure(model: str | os.PathLike, tasks: dict[str, list[dict]], *, groups: i
 
 
 def _difficulty(task: dict) -> str:
-    return str(task.get("difficulty", (task.get("misc") or {}).get("difficulty")))
+    return str(record_value(task, "difficulty"))

@@ -6,7 +6,7 @@ build. :func:`build` runs the recipe from scratch:
 1. **Tokenizer**: a bootstrap tokenizer (:func:`sera_core.policy.tiny.default_tokenizer`)
    lets the expert play a small set of tasks (``corpus``); a byte-level BPE of
    ``vocab_size`` is trained on their text (prompts, observations, replies, rubrics,
-   scores) plus :func:`sera_core.policy.tiny.corpus`, with identifier-aware
+   scores) plus :func:`sera_core.tiny.corpus.corpus`, with identifier-aware
    pre-tokenisation and the ChatML template.
 2. **Model**: a Qwen3 causal LM (:class:`~sera_core.policy.tiny.TinyModelConfig`)
    initialised from ``seed``.
@@ -29,12 +29,13 @@ import os
 import platform
 import shutil
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from sera_core import __version__
-from sera_core.policy.tiny import TinyModelConfig, corpus, default_tokenizer, init_model, train_tokenizer
+from sera_core.policy.tiny import TinyModelConfig, init_model, train_tokenizer
+from sera_core.tiny.corpus import corpus, default_tokenizer
 from sera_core.tiny.demos import DemoConfig, copy_drills, corpus_texts, demonstrations
 from sera_core.tiny.sft import SFTConfig, train_sft
 from sera_core.utils.folders import swap_in
@@ -65,11 +66,25 @@ class Hashed:
     """A dataclass recipe named by its settings: ``to_json`` and ``config_hash``."""
 
     def to_json(self) -> dict[str, Any]:
-        return json.loads(json.dumps(asdict(self)))
+        """The settings as JSON; a field added after builds were named (its metadata says
+        ``hashed_when_set``) is left out while it holds its default, so those names stay valid."""
+        return json.loads(json.dumps(_settings(self)))
 
     def config_hash(self) -> str:
         """sha256 of the recipe's settings (the first 16 hex digits name a build)."""
         return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _settings(obj: Any) -> Any:
+    """``asdict`` of a (nested) dataclass without the ``hashed_when_set`` fields at their default."""
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _settings(getattr(obj, f.name)) for f in fields(obj)
+                if not (f.metadata.get("hashed_when_set") and getattr(obj, f.name) == f.default)}
+    if isinstance(obj, (list, tuple)):
+        return [_settings(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _settings(v) for k, v in obj.items()}
+    return obj
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 
 from sera_core.utils.folders import swap_in
-from sera_core.utils.weights import load_trained, save_trained
+from sera_core.utils.weights import load_optimizer_state, load_trained, optimizer_state, save_trained
 from sera_core.utils.seeding import derive_seed
 
 IGNORE = -100
@@ -272,7 +272,7 @@ def _save_checkpoint(out: Path, model, optimizer, scheduler, state: dict) -> Non
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     save_trained(model, tmp / "model.safetensors")  # the whole model, or an adapter's weights only
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(optimizer_state(model, optimizer), tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     (tmp / "state.json").write_text(json.dumps(state, indent=1))
     swap_in(tmp, out / "checkpoint")
@@ -315,8 +315,8 @@ def train_sft(model, samples: Sequence[Sample], cfg: SFTConfig, out_dir: str | o
         if problems:
             raise ValueError(f"cannot resume from {ckpt}: it was written with different {' and '.join(problems)}; "
                              "pass resume=False or another out_dir")
-        load_trained(accelerator.unwrap_model(model), ckpt / "model.safetensors", accelerator.device)
-        optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", map_location=accelerator.device))
+        load_trained(accelerator.unwrap_model(model), ckpt / "model.safetensors")
+        load_optimizer_state(accelerator.unwrap_model(model), optimizer, ckpt / "optimizer.pt")
         scheduler.load_state_dict(torch.load(ckpt / "scheduler.pt"))
         state = {k: saved[k] for k in state}
     _reset_csv(out / "loss.csv", state["step"] if ckpt is not None else None)

@@ -70,7 +70,8 @@ class WarmStartRecipe(Hashed):
     """Everything that determines the shipped adapter (its hash names the build)."""
 
     demos: DemoConfig = field(default_factory=lambda: DemoConfig(textcraft_worlds=60, textworld_tasks=40, noisy_every=3))
-    """Demonstrations imitated (fresh TextCraft worlds from seed 1000; TextWorld train fold)."""
+    """Demonstrations imitated (fresh TextCraft worlds from seed 1000; TextWorld train fold).
+    ``sera tiny build --perturb 0.15`` adds recovery demonstrations (:attr:`DemoConfig.perturb`)."""
     lora: LoraSettings = field(default_factory=LoraSettings)
     """The adapter."""
     sft: SFTConfig = field(default_factory=lambda: SFTConfig(

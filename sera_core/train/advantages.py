@@ -74,7 +74,7 @@ def _keep(datums: Sequence[Datum], filter_zero_variance: bool) -> list[Datum]:
 
 def kept_trees(trees: Sequence[Tree]) -> list[Tree]:
     """The trees that count in baselines: all but those marked ``drop_rollout``."""
-    return [t for t in trees if not t.meta.get("drop_rollout")]
+    return [t for t in trees if not t.dropped]
 
 
 def execution_advantages(datums: Sequence[Datum], trees: Sequence[Tree], *, filter_zero_variance: bool = True) -> list[Advantage]:

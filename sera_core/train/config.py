@@ -24,11 +24,12 @@ from typing import Any
 
 import yaml
 
+from sera_core.envs.registry import BENCHMARKS, ENVS
+from sera_core.rubrics import MalformedPolicy
 from sera_core.train.stages import StageController
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 """The configs shipped in the package."""
-ENVS = ("textcraft", "textworld")
 CHILD_REWARDS = ("rubric", "label")
 LOSSES = ("cispo", "grpo")
 RUBRIC_VARIANTS = ("ranking", "discriminative")
@@ -136,8 +137,9 @@ class TrainConfig:
     """Context cap per agent (None: the benchmark's, TextCraft 10,240, TextWorld 13,312)."""
     micro_batch_tokens: int = 16384
     """Tokens per forward/backward chunk of an update (gradient accumulation; memory only)."""
-    max_steps: int = 250
-    """Optimizer updates in all (paper: TextCraft 250, TextWorld 400)."""
+    total_updates: int = 250
+    """Optimizer updates in all (paper: TextCraft 250, TextWorld 400). Formerly ``max_steps``;
+    an agent's turn budget is :attr:`max_steps_per_agent`."""
     checkpoint_every: int = 10
     """A checkpoint every this many updates (and at the end)."""
     log_with: str = "none"
@@ -173,6 +175,8 @@ class TrainConfig:
         return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in fields(self)}
 
     def replace(self, **changes: Any) -> TrainConfig:
+        for old in sorted(set(changes) & set(RENAMED)):
+            raise ConfigError(f"config key {old!r} was renamed {RENAMED[old][0]!r} ({RENAMED[old][1]})")
         return validate(dataclasses.replace(self, **changes))
 
     def rollout_settings(self, *, branches: bool = True, seed: int | None = None, **changes: Any):
@@ -200,11 +204,13 @@ class TrainConfig:
 _CHOICES = {
     "env": ENVS, "backend": BACKENDS, "task_format": ("native", "official"), "child_reward": CHILD_REWARDS,
     "rubric_writer": ("policy", "global", "external"), "scorer": ("policy", "external"),
-    "malformed_policy": ("drop_trajectory", "drop_rollout", "binary_fallback"),
+    "malformed_policy": tuple(p.value for p in MalformedPolicy),
     "rubric_variant": RUBRIC_VARIANTS, "loss": LOSSES, "mixed_precision": ("no", "bf16"),
     "log_with": ("none", "tensorboard", "wandb"), "judge": ("program", "llm"),
 }
-_POSITIVE_INTS = ("tasks_per_step", "trees_per_task", "max_steps_per_agent", "micro_batch_tokens", "max_steps",
+RENAMED = {"max_steps": ("total_updates", "it counts optimizer updates; an agent's turn budget is max_steps_per_agent")}
+"""Keys of older configs: ``old -> (new, why)``; a config that uses one fails with this message."""
+_POSITIVE_INTS = ("tasks_per_step", "trees_per_task", "max_steps_per_agent", "micro_batch_tokens", "total_updates",
                   "checkpoint_every")
 _NONNEG_INTS = ("max_depth", "counterfactual", "fork_cap", "seed", "gpus", "judge_max_retries")
 
@@ -270,8 +276,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise bad("rubric_writer", "a rubric_generation stage trains the policy's rubrics: the writer must be 'policy'")
     if "external" in (cfg.rubric_writer, cfg.scorer) and not cfg.external_url:
         raise bad("external_url", "an external rubric writer or scorer needs an endpoint")
-    if cfg.judge == "llm" and cfg.env != "textworld":
-        raise bad("judge", "an LLM judge labels TextWorld subtasks; TextCraft is always checked by its program")
+    if cfg.judge not in BENCHMARKS[cfg.env].judges:
+        raise bad("judge", f"{cfg.env} offers the judges {', '.join(BENCHMARKS[cfg.env].judges)} "
+                           "(an LLM judge labels TextWorld subtasks; TextCraft is always checked by its program)")
     if cfg.judge == "llm" and not (cfg.judge_url and cfg.judge_model):
         raise bad("judge_url", "judge 'llm' needs judge_url and judge_model")
     if cfg.backend == "vllm" and cfg.mixed_precision != "bf16":
@@ -301,6 +308,8 @@ def load_config(path: str | Path, **overrides: Any) -> TrainConfig:
     values = _read(path, seen=())
     values.update(overrides)
     names = {f.name for f in fields(TrainConfig)}
+    for old in sorted(set(values) & set(RENAMED)):
+        raise ConfigError(f"{path}: config key {old!r} was renamed {RENAMED[old][0]!r} ({RENAMED[old][1]})")
     unknown = sorted(set(values) - names)
     if unknown:
         raise ConfigError(f"{path}: unknown config key {unknown[0]!r} (known keys: {', '.join(sorted(names))})")

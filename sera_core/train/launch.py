@@ -27,7 +27,7 @@ from sera_core.train.config import TrainConfig
 
 def train_command(cfg: TrainConfig, config_file: str | os.PathLike, *, num_processes: int | None = None,
                   num_machines: int | None = None, machine_rank: int = 0, main_process_ip: str | None = None,
-                  out: str | os.PathLike | None = None, resume: bool = False, max_steps: int | None = None) -> list[str]:
+                  out: str | os.PathLike | None = None, resume: bool = False, total_updates: int | None = None) -> list[str]:
     """The command that trains ``cfg`` (read from ``config_file``) on this machine.
 
     With ``cfg.accelerate_config``: ``accelerate launch --config_file F --num_processes N
@@ -36,7 +36,7 @@ def train_command(cfg: TrainConfig, config_file: str | os.PathLike, *, num_proce
     ``num_machines`` the Accelerate file's setting applies); run it on every machine with
     its own ``machine_rank``. Without: ``python -m sera_core train ...``."""
     tail = ["train", "--config", str(config_file)] + (["--out", str(out)] if out else []) + (["--resume"] if resume else [])
-    tail += ["--max-steps", str(max_steps)] if max_steps else []
+    tail += ["--total-updates", str(total_updates)] if total_updates else []
     accel = cfg.accelerate_file
     if accel is None:
         return [sys.executable, "-m", "sera_core", *tail]
@@ -53,7 +53,9 @@ def train_command(cfg: TrainConfig, config_file: str | os.PathLike, *, num_proce
 
 def tasks_command(env: str, out: str | os.PathLike) -> list[str]:
     """``sera tasks``: the evaluation split of ``env`` (TextCraft val, TextWorld test)."""
-    split = "val" if env == "textcraft" else "test"
+    from sera_core.envs.registry import BENCHMARKS
+
+    split = BENCHMARKS[env].eval_split
     return [sys.executable, "-m", "sera_core", "tasks", "--env", env, "--split", split, "--out", str(out)]
 
 

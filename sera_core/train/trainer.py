@@ -15,7 +15,8 @@ One optimizer update at version ``v`` (the number of updates already done):
    :mod:`sera_core.train.advantages`): execution (children: rubric score or external
    label), leaf coverage, or rubric ranking; LOO baselines, zero-variance filtering,
    depth weighting.
-5. **Update**: CISPO (or GRPO) loss over the datums' tokens (:mod:`sera_core.train.update`),
+5. **Update**: CISPO (or GRPO) loss over the datums' tokens
+(:mod:`sera_core.train.update`),
    AdamW (``lr``, ``betas``, ``weight_decay``), gradient clipping, one optimizer step.
 
 Per update a row goes to ``metrics.csv`` (columns: :data:`METRICS`, defined in
@@ -39,6 +40,10 @@ dealt round-robin and padded with zero-weight micro-batches (``update.process_sh
 every process runs the same number of forward/backward passes and collectives whatever
 the task count, and the update equals the one-process update (tested with 3 CPU
 processes: tests/test_distributed.py).
+
+One update's life cycle (rollouts, advantages, the split update, metrics, checkpoints)
+is the trainer's own state, so it stays one module; the maths lives in advantages, cispo
+and update.
 """
 
 from __future__ import annotations
@@ -56,10 +61,10 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from sera_core.agents.actors import PolicyActor
+from sera_core.agents.actors import as_actor
 from sera_core.agents.runtime import Rollout, Runtime
 from sera_core.agents.summary import summarize
-from sera_core.judges import make_judge
+from sera_core.envs.registry import benchmark, record_value
 from sera_core.rewards.execution import execution_datums
 from sera_core.rewards.leaf_credit import leaf_datums
 from sera_core.rewards.rubric_ranking import kept_points, rubric_datums
@@ -89,7 +94,7 @@ METRICS = (
 """The columns of ``metrics.csv`` (one row per update)."""
 
 
-OPERATIONAL = ("max_steps", "checkpoint_every", "log_with", "judge_cache", "judge_timeout_s", "judge_max_retries")
+OPERATIONAL = ("total_updates", "checkpoint_every", "log_with", "judge_cache", "judge_timeout_s", "judge_max_retries")
 """Config keys a resumed run may change (they do not change what is trained)."""
 
 
@@ -175,21 +180,18 @@ def export_checkpoint(path: str | os.PathLike, out: str | os.PathLike) -> Path:
 
 def load_tasks(cfg: TrainConfig) -> list[dict]:
     """The task records of ``cfg.tasks``: a generated split or a JSONL file (validated)."""
-    if cfg.env == "textcraft":
-        from sera_core.envs.textcraft.tasks import generate_split, validate_record
-    else:
-        from sera_core.envs.textworld.tasks import generate_split, validate_record
+    bench = benchmark(cfg.env, official=cfg.task_format == "official")
     if cfg.tasks in ("train", "val", "test"):
-        records = generate_split(cfg.tasks)
+        records = bench.generate_split(cfg.tasks)
     else:
         from sera_core.utils.jsonio import read_jsonl
 
         records = list(read_jsonl(cfg.tasks))
         for i, rec in enumerate(records):
-            validate_record(rec, f"{cfg.tasks}:{i + 1}")
+            bench.validate_record(rec, f"{cfg.tasks}:{i + 1}")
     if cfg.difficulties is None:
         return records
-    pool = [r for r in records if (r.get("misc") or {}).get("difficulty", r.get("difficulty")) in cfg.difficulties]
+    pool = [r for r in records if record_value(r, "difficulty") in cfg.difficulties]
     if not pool:
         raise ValueError(f"{cfg.tasks}: no task of difficulty {', '.join(cfg.difficulties)}")
     return pool
@@ -221,7 +223,7 @@ class Trainer:
         self.counters = {"tokens_trained": 0, "judge_calls": 0, "judge_tokens": 0, "external_calls": 0,
                          "external_tokens": 0}
         self.external = self._external()
-        self.judge = make_judge(cfg.env, cfg.judge, url=cfg.judge_url, model=cfg.judge_model, cache=cfg.judge_cache,
+        self.judge = benchmark(cfg.env).make_judge(cfg.judge, url=cfg.judge_url, model=cfg.judge_model, cache=cfg.judge_cache,
                                 timeout_s=cfg.judge_timeout_s, max_retries=cfg.judge_max_retries)
 
     # -- setup -------------------------------------------------------------------------
@@ -285,9 +287,7 @@ class Trainer:
         # only RAO's rewards need every child labelled; counterfactual branches are always labelled
         rc = cfg.rollout_settings(branches=stage.counterfactual, seed=derive_seed(cfg.seed, "rollouts", version),
                                   label_children=cfg.child_reward == "label")
-        # a token-level policy is batched by an actor; the scripted expert is an actor itself
-        actor = policy if hasattr(policy, "complete") else PolicyActor(policy)
-        return Runtime(cfg.env, actor, rc, judge=self.judge, external=self.external,
+        return Runtime(cfg.env, as_actor(policy), rc, judge=self.judge, external=self.external,
                        official=cfg.task_format == "official")
 
     def advantages(self, stage: Stage, rollouts: list[Rollout]) -> tuple[list[Advantage], int]:
@@ -410,11 +410,11 @@ class Trainer:
         }
 
     # -- the loop ----------------------------------------------------------------------
-    def run(self, *, max_steps: int | None = None, resume: bool = False, stop_after: int | None = None) -> list[dict]:
-        """Updates from the current version to ``max_steps`` (default ``cfg.max_steps``);
+    def run(self, *, total_updates: int | None = None, resume: bool = False, stop_after: int | None = None) -> list[dict]:
+        """Updates from the current version to ``total_updates`` (default ``cfg.total_updates``);
         ``resume`` continues from ``out/checkpoint``; ``stop_after`` returns after that
         many updates of this call (to test interruption). Returns this call's rows."""
-        target = self.cfg.max_steps if max_steps is None else max_steps
+        target = self.cfg.total_updates if total_updates is None else total_updates
         if resume and (self.out / "checkpoint").exists():
             self.load(self.out / "checkpoint")
         elif not resume:
@@ -485,15 +485,19 @@ class Trainer:
     # -- checkpoints -------------------------------------------------------------------
     def save(self) -> Path:
         """Write ``out/checkpoint`` atomically (module docstring)."""
-        from sera_core.utils.weights import save_trained
+        from safetensors.torch import save_file
+
+        from sera_core.utils.weights import optimizer_state, trained_state
 
         self.accelerator.wait_for_everyone()
         final, tmp = self.out / "checkpoint", self.out / "checkpoint.tmp"
+        model = self.accelerator.unwrap_model(self.model)
+        weights, moments = trained_state(model), optimizer_state(model, self.optimizer)  # collectives under FSDP
         if self.accelerator.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
-            save_trained(self.accelerator.unwrap_model(self.model), tmp / "model.safetensors")
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            save_file(weights, str(tmp / "model.safetensors"))
+            torch.save(moments, tmp / "optimizer.pt")
             files = {name: sha256_file(tmp / name) for name in ("model.safetensors", "optimizer.pt")}
             state = {"version": self.version, "config": self.cfg.to_json(), "counters": self.counters, "files": files}
             (tmp / "state.json").write_text(json.dumps(state, indent=1))
@@ -503,15 +507,16 @@ class Trainer:
 
     def load(self, path: Path) -> None:
         """Restore a checkpoint written by :meth:`save`, after checking it is whole and ours."""
-        from sera_core.utils.weights import load_trained
+        from sera_core.utils.weights import load_optimizer_state, load_trained
 
         state = read_checkpoint(path)
         mine, theirs = self.cfg.to_json(), state["config"]
         changed = sorted(k for k in mine if k not in OPERATIONAL and mine[k] != theirs.get(k))
         if changed:
             raise CheckpointError(f"{path}: written with another config (differs in {', '.join(changed)})")
-        load_trained(self.accelerator.unwrap_model(self.model), path / "model.safetensors")
-        self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+        model = self.accelerator.unwrap_model(self.model)
+        load_trained(model, path / "model.safetensors")
+        load_optimizer_state(model, self.optimizer, path / "optimizer.pt")
         self.version, self.counters = state["version"], self.counters | state["counters"]
         self._sync_policy()  # the next rollouts sample from the loaded weights, not the initial ones
 
@@ -520,8 +525,9 @@ def plan(cfg: TrainConfig) -> dict[str, Any]:
     """What ``sera train --dry-run`` prints: the run's plan, without loading a model."""
     stages = StageController(cfg.schedule)
     trees = cfg.tasks_per_step * cfg.trees_per_task
-    context = cfg.max_context_tokens or (10240 if cfg.env == "textcraft" else 13312)
-    out_cap = cfg.max_new_tokens or (512 if cfg.env == "textcraft" else 3072)
+    bench = benchmark(cfg.env)
+    context = cfg.max_context_tokens or bench.max_context_tokens
+    out_cap = cfg.max_new_tokens or bench.max_new_tokens
     params = _parameter_count(cfg)
     accel = str(cfg.accelerate_file) if cfg.accelerate_file else None
     return {
@@ -529,7 +535,7 @@ def plan(cfg: TrainConfig) -> dict[str, Any]:
         "task_pool": {"tasks": cfg.tasks, "difficulties": list(cfg.difficulties or ()) or "all",
                       "size": len(load_tasks(cfg))},
         "schedule": stages.schedule, "cycle_length": stages.cycle_length,
-        "updates": cfg.max_steps, "updates_per_stage": stages.counts(cfg.max_steps),
+        "updates": cfg.total_updates, "updates_per_stage": stages.counts(cfg.total_updates),
         "batch": {"root_tasks": cfg.tasks_per_step, "trees_per_task": cfg.trees_per_task, "trees": trees,
                   "counterfactual_branches": cfg.counterfactual if stages.counts(stages.cycle_length)["rubric_generation"] else 0},
         "child_reward": cfg.child_reward, "loss": cfg.loss, "lr": cfg.lr, "betas": list(cfg.betas),

@@ -1,9 +1,22 @@
-"""Save and load what a model trains: all its weights, or only an adapter's.
+"""Save and load what a model trains, from one process or from many (DDP or FSDP2).
 
-A model whose every parameter requires gradients is saved whole (``safetensors``'
-``save_model``, which drops tied copies); a model with frozen parameters (a LoRA adapter
-on a frozen base) is saved as its trainable parameters only, by name, since the frozen
-base is known from elsewhere (the adapter's manifest).
+A checkpoint holds the **trained parameters** of a model, by name, as full (unsharded)
+tensors: all its weights, or only an adapter's when the base is frozen (a LoRA adapter
+on the embedded base, known from the adapter's manifest). Tied copies are stored once
+(``named_parameters`` lists a shared parameter under its first name). The optimizer state
+is stored the same way: full tensors keyed by parameter name.
+
+The state is read and written through ``torch.distributed.checkpoint.state_dict``
+(``get_model_state_dict`` / ``set_model_state_dict`` with ``full_state_dict=True``): on
+one process it is the plain state dict; under FSDP2 (``fully_shard``, what Accelerate's
+``fsdp_version: 2`` configs apply) it gathers every shard into full tensors on the main
+process and shards full tensors back on load. So one file format serves every layout,
+and a run saved on 16 GPUs resumes on 8 or on one.
+
+**Every process must call** :func:`trained_state` and :func:`optimizer_state` (they are
+collectives under FSDP); the full tensors arrive on the main process (rank 0), which
+writes the files. Loading reads the file on every process: the run's output folder must be
+one that every node sees (a shared filesystem), as it is for the run's metrics.
 """
 
 from __future__ import annotations
@@ -11,31 +24,63 @@ from __future__ import annotations
 import os
 
 import torch
-from safetensors.torch import load_file, load_model, save_file, save_model
+from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+_GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)  # full tensors, on the CPU of rank 0
+_SCATTER = StateDictOptions(full_state_dict=True, strict=False)  # full tensors in, each process keeps its shard
 
 
 def trains_everything(model) -> bool:
     return all(p.requires_grad for p in model.parameters())
 
 
+def trained_names(model) -> list[str]:
+    """Names of the parameters ``model`` trains (tied parameters once, under their first name)."""
+    return [n for n, p in model.named_parameters() if p.requires_grad]
+
+
+def trained_state(model) -> dict[str, torch.Tensor]:
+    """The trained parameters of ``model`` as full CPU tensors by name (a collective under
+    FSDP: every process calls it; processes other than rank 0 may get an empty dict)."""
+    full = get_model_state_dict(model, options=_GATHER)
+    return {n: full[n].contiguous() for n in trained_names(model) if n in full}
+
+
 def save_trained(model, path: str | os.PathLike) -> None:
-    """Write the trained parameters of ``model`` to the safetensors file ``path``."""
-    if trains_everything(model):
-        save_model(model, str(path))
-    else:
-        save_file({n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}, str(path))
+    """Write the trained parameters of a one-process ``model`` to the safetensors file ``path``."""
+    save_file(trained_state(model), str(path))
 
 
-def load_trained(model, path: str | os.PathLike, device: str | torch.device | None = None) -> None:
-    """Load a file written by :func:`save_trained` into ``model`` (same trained parameters,
-    else ValueError naming the file)."""
-    device = str(device or next(model.parameters()).device)
-    if trains_everything(model):
-        load_model(model, str(path), device=device)
-        return
-    state = load_file(str(path), device=device)
-    trained = {n for n, p in model.named_parameters() if p.requires_grad}
-    if set(state) != trained:
+def load_trained(model, path: str | os.PathLike) -> None:
+    """Load a file written from :func:`trained_state` into ``model`` (every process reads it;
+    under FSDP each keeps its shard). The file must hold exactly the parameters the model
+    trains, else ValueError naming the file."""
+    state = load_file(str(path))
+    trained = trained_names(model)
+    if set(state) != set(trained):
         raise ValueError(f"{path} holds other parameters than the model trains "
                          f"({len(state)} saved, {len(trained)} trained)")
-    model.load_state_dict(state, strict=False)
+    set_model_state_dict(model, state, options=_SCATTER)
+
+
+def optimizer_state(model, optimizer) -> dict:
+    """The optimizer's state keyed by parameter name, full CPU tensors (a collective under FSDP)."""
+    return get_optimizer_state_dict(model, _unwrapped(optimizer), options=_GATHER)
+
+
+def load_optimizer_state(model, optimizer, path: str | os.PathLike) -> None:
+    """Load a state written from :func:`optimizer_state` (``torch.save``) into ``optimizer``."""
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    set_optimizer_state_dict(model, _unwrapped(optimizer), state, options=_SCATTER)
+
+
+def _unwrapped(optimizer):
+    """The torch optimizer inside Accelerate's ``AcceleratedOptimizer`` (or the optimizer itself)."""
+    return getattr(optimizer, "optimizer", optimizer)

@@ -33,6 +33,9 @@ per-craft amounts times the number of crafts, with no extras.
 Checker (SPEC 5): PASS only after ``finish()``, and only if for every target
 ``inventory[t] - start_inventory[t] >= required`` (items held at the agent's own start
 do not count).
+
+One agent's environment (tools, step, checker, fork, commit) is one class with its
+helpers, so it stays one module.
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ from sera_core.envs.textcraft.world import RecipeBook
 SubagentHook = Callable[["TextCraftEnv", dict[str, int], str], Awaitable[str]]
 """``hook(parent_env, targets, context) -> result text``: runs one child agent."""
 
-_PYTHON_BLOCK = re.compile(r"<python>(.*?)(?:</python>|\Z)", re.DOTALL)
+PYTHON_BLOCK = re.compile(r"<python>(.*?)(?:</python>|\Z)", re.DOTALL)
+"""The first code block of a reply (the closing tag may be missing: generation stops at it)."""
 
 
 @dataclass
@@ -137,7 +141,7 @@ class StepResult:
 def extract_code(reply: str) -> str | None:
     """The code inside the reply's first ``<python>`` block (closing tag optional,
     since generation stops at ``</python>``), or None if there is no block."""
-    match = _PYTHON_BLOCK.search(reply)
+    match = PYTHON_BLOCK.search(reply)
     return match.group(1).strip("\n") if match else None
 
 

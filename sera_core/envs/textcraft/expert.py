@@ -27,6 +27,9 @@ branches of one sub-goal contain both outcomes.
 
 :func:`solve_task` runs a whole task (root plus any children, each a fresh expert in a
 fresh context on the shared inventory), or replays the record's gold plan (``gold``).
+
+The scripted solver is one state machine (read an observation, plan, write a cell); its
+phases share state, so it stays one module.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from sera_core.envs.textcraft.env import TextCraftEnv
 from sera_core.envs.textcraft.planner import InfeasiblePlan, plan_crafts
 from sera_core.envs.textcraft.tasks import render_goal
 from sera_core.envs.textcraft.world import Recipe, RecipeBook
+from sera_core.rubrics import rubric_item
 from sera_core.utils.seeding import rng_for
 
 MODES: tuple[str, ...] = ("flat", "delegate", "gold")
@@ -348,3 +352,55 @@ async def asolve_task(record: Mapping[str, Any], book: RecipeBook, cfg: ExpertCo
         "crafts": env.world.crafts,
         "seconds": round(time.perf_counter() - t0, 4),
     }
+
+
+# -- the expert as rubric writer and scorer ---------------------------------------------
+
+def expert_rubric(targets: dict[str, int]) -> dict[str, Any]:
+    """A rubric for a TextCraft sub-goal: one item per target (the first four; the rest
+    share one item), a finished report, error-free crafting and the step budget."""
+    named = list(targets.items())[:4]
+    rest = list(targets.items())[4:]
+    share = 0.6 / (len(named) + (1 if rest else 0))
+    items = [rubric_item(f"{item} crafted", share,
+                         f"The sub-agent's net gain of {item} (final count minus its count at the sub-agent's start) reaches {n}.",
+                         f"No {item} gained.", f"At least {n} {item} gained.")
+             for item, n in named]
+    if rest:
+        listing = ", ".join(f"{n}x {item}" for item, n in rest)
+        items.append(rubric_item("other targets crafted", share, f"Net gains reach the counts of: {listing}.",
+                                 "None of them gained.", "All of them gained in full."))
+    items += [
+        rubric_item("finished with a report", 0.15, "The sub-agent called finish() with a message matching what it made.",
+                    "finish() was not called.", "finish() called with an accurate report."),
+        rubric_item("error-free crafting", 0.15, "Craft and tool calls succeed (no error observations).",
+                    "Three or more errors.", "No errors."),
+        rubric_item("within budget", 0.1, "The work ends before the step budget runs out.",
+                    "The budget ran out.", "Finished with steps to spare."),
+    ]
+    goal = ", ".join(f"{n}x {item}" for item, n in targets.items())
+    return {"rubric_items": items,
+            "success_gate": f"finish() was called and the net gain of every target reaches its count ({goal}).",
+            "failure_conditions": ["finish() was not called", "a target's net gain is short of its count"],
+            "scoring_procedure": "Check the gate on the start and end inventories; if it fails the score is 0. "
+                                 "Otherwise score each item in [0, 1]: targets by net gain / count, errors as "
+                                 "1 - errors / 3, budget 1 if steps remain else 0.5."}
+
+
+def item_scores(outcome: dict, item_names: set[str]) -> tuple[bool, dict[str, float], str]:
+    """The expert scorer's gate, per-item scores (by item name, for the items of
+    :func:`expert_rubric`) and reason, from a child's outcome facts (the runtime's
+    ``outcome``: net gains, targets, errors, steps); ``item_names`` are the rubric's items."""
+    errors = 1.0 - min(1.0, outcome.get("errors", 0) / 3)
+    spare = 1.0 if outcome["steps"] < outcome["max_steps"] else 0.5
+    finished = 1.0 if outcome["finished"] else 0.0
+    verdict = outcome["verdict"]
+    gains, targets = verdict["gains"], outcome["targets"]
+    per = {f"{t} crafted": min(1.0, max(0.0, gains.get(t, 0) / n)) for t, n in targets.items()}
+    rest = [t for t in targets if f"{t} crafted" not in item_names]
+    other = sum(per[f"{t} crafted"] for t in rest) / len(rest) if rest else 1.0
+    table = {**per, "other targets crafted": other, "finished with a report": finished,
+             "error-free crafting": errors, "within budget": spare}
+    gate = bool(verdict["passed"])
+    reason = "all targets met" if gate else f"gate failed: {verdict.get('missing') or 'finish() not called'}"
+    return gate, table, reason

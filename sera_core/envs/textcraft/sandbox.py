@@ -68,6 +68,9 @@ Known limits
   the namespace survives between cells and is not capped.
 * Objects returned by tools are exposed as they are: the host must not return
   objects whose public attributes or methods give power (e.g. event loops).
+
+The sandbox is one security boundary (AST checks, restricted builtins, limits, the
+worker process); keeping it in one module keeps its rules reviewable together.
 """
 from __future__ import annotations
 

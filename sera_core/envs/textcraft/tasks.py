@@ -38,6 +38,7 @@ from functools import lru_cache
 
 from tqdm import tqdm
 
+from sera_core.envs import DIFFICULTIES as LEVELS
 from sera_core.envs.textcraft.planner import plan_crafts, split_requirements
 from sera_core.envs.textcraft.world import DOMAINS, RecipeBook, WorldConfig, generate_world, item_domain
 from sera_core.utils.seeding import rng_for
@@ -51,6 +52,7 @@ DIFFICULTY_DEPTHS: dict[str, tuple[int, int]] = {
 """Inclusive crafting-depth band of each difficulty (SPEC 5)."""
 
 DIFFICULTIES: tuple[str, ...] = tuple(DIFFICULTY_DEPTHS)
+assert DIFFICULTIES == LEVELS, "the depth bands name the shared difficulty levels"
 
 DEFAULT_SPLITS: dict[str, dict[str, int]] = {
     "val": {"easy": 147, "medium": 213, "hard": 136, "extreme": 136},

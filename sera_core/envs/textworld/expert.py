@@ -43,6 +43,9 @@ sibling are still read from the ``Tools:`` line.
 
 :func:`solve_task` runs a whole task and returns a result row; :func:`run_task` returns
 the root env (the whole tree) for inspection.
+
+The scripted solver is one state machine (parse the observation, plan dishes and tools,
+act or delegate), so it stays one module.
 """
 
 from __future__ import annotations
@@ -63,8 +66,9 @@ from sera_core.envs.textworld.data import (
     branch_work,
 )
 from sera_core.envs.textworld.env import TextWorldEnv
-from sera_core.envs.textworld.goals import goal_for_dish, goal_for_ingredient
+from sera_core.envs.textworld.goals import FAILURE, SUCCESS, goal_for_dish, goal_for_ingredient
 from sera_core.envs.textworld.world import GATE_ROOM, TOOL_ROOM, cook_command
+from sera_core.rubrics import rubric_item
 from sera_core.utils.seeding import rng_for
 
 MODES: tuple[str, ...] = ("flat", "delegate")
@@ -698,3 +702,43 @@ def solve_task(record: Mapping[str, Any], cfg: ExpertConfig) -> dict[str, Any]:
     ``global_budget``, ``seconds``. Synchronous wrapper of :func:`asolve_task` (inside a
     running event loop, ``await asolve_task(...)`` instead)."""
     return asyncio.run(asolve_task(record, cfg))
+
+
+# -- the expert as rubric writer and scorer ---------------------------------------------
+
+def expert_rubric(goal: str) -> dict[str, Any]:
+    """A rubric for a TextWorld sub-goal: the goal's state, a report, valid actions, no
+    irreversible mistakes, and economy with the shared steps."""
+    items = [
+        rubric_item("goal state reached", 0.5, f"In the final world state: {goal}.",
+                    "The goal's state is not reached.", "The goal's state is reached exactly."),
+        rubric_item("finished with a report", 0.15, "The sub-agent ended with <finish> and a truthful message.",
+                    "No <finish>.", "<finish> with a message that matches the state."),
+        rubric_item("valid actions", 0.15, "Actions and blocks are valid (no 'Invalid' observations).",
+                    "Three or more invalid steps.", "No invalid steps."),
+        rubric_item("no irreversible mistakes", 0.1, "No ingredient is burned, wrongly cut or destroyed.",
+                    "A mistake was recorded.", "No mistake recorded."),
+        rubric_item("economy of shared steps", 0.1, "The sub-agent ends before its turns run out.",
+                    "Its turns ran out.", "It finished with turns to spare."),
+    ]
+    return {"rubric_items": items,
+            "success_gate": f"The final world state satisfies the goal: {goal}.",
+            "failure_conditions": ["the goal's state is not reached", "an ingredient the goal needs was ruined"],
+            "scoring_procedure": "Check the gate on the final state; if it fails the score is 0. Otherwise score "
+                                 "each item in [0, 1]."}
+
+
+def item_scores(outcome: dict, item_names: set[str]) -> tuple[bool, dict[str, float], str]:
+    """The expert scorer's gate, per-item scores (by item name, for the items of
+    :func:`expert_rubric`) and reason, from a child's outcome facts (the runtime's
+    ``outcome``: the goal's state in the final world, errors, mistakes, steps)."""
+    errors = 1.0 - min(1.0, outcome.get("errors", 0) / 3)
+    spare = 1.0 if outcome["steps"] < outcome["max_steps"] else 0.5
+    finished = 1.0 if outcome["finished"] else 0.0
+    state = outcome["goal_verdict"]
+    reached = 1.0 if state == SUCCESS else 0.0
+    table = {"goal state reached": reached, "finished with a report": finished, "valid actions": errors,
+             "no irreversible mistakes": 0.0 if outcome.get("mistakes") else 1.0, "economy of shared steps": spare}
+    gate = state == SUCCESS if state in (SUCCESS, FAILURE) else bool(outcome["finished"] and not outcome.get("mistakes"))
+    reason = "goal met" if gate else "gate failed: the goal's state is not reached"
+    return gate, table, reason

@@ -27,6 +27,7 @@ FORMAT_HINT = ("Reply with exactly one block: <action>command</action>, <delegat
 
 _BLOCK = re.compile(r"<(action|delegate|finish)>(.*?)</\1>", re.DOTALL)
 _OPEN = re.compile(r"<(action|delegate|finish)>")
+_DELEGATE = re.compile(r"<delegate>.*?</delegate>", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -103,3 +104,10 @@ def parse_reply(text: object) -> Reply:
     if isinstance(parsed, str):
         return _invalid(parsed)
     return Reply("delegate", delegations=parsed)
+
+
+def delegate_spans(text: str) -> list[tuple[int, int]]:
+    """Character spans ``[start, end)`` of every complete ``<delegate>...</delegate>`` block
+    of ``text``, tags included: the tokens that write a delegation (``launch``, SPEC 3).
+    A block opened but never closed launches nothing and counts nothing."""
+    return [(m.start(), m.end()) for m in _DELEGATE.finditer(text)]

@@ -83,6 +83,9 @@ Decisions where the official generator is not public (and departures from it):
 The renderers (:func:`render_structured`, :func:`render_coarse`) work from a record's
 ``dishes``, ``task_family`` and ``parallelism`` and reproduce the official texts of
 every record of the official sample exactly.
+
+The task generator reproduces the official V9 draws (families, bands, seeds, rendering,
+validation), one specification kept in one module.
 """
 
 from __future__ import annotations
@@ -97,6 +100,7 @@ from random import Random
 
 from tqdm import tqdm
 
+from sera_core.envs import DIFFICULTIES as LEVELS
 from sera_core.envs.textworld.data import (
     COOKING,
     CUTTING,
@@ -118,8 +122,8 @@ FAMILIES: dict[str, str] = {
 }
 """Task family -> ``parallelism.pattern``, in the official order (seed and file order)."""
 
-DIFFICULTIES: tuple[str, ...] = ("easy", "medium", "hard", "extreme")
-"""Difficulties in the official order (seed and file order)."""
+DIFFICULTIES: tuple[str, ...] = LEVELS
+"""Difficulties in the official order (seed and file order): the shared levels."""
 
 SPLITS: tuple[str, ...] = ("test", "train", "dev")
 """Task splits; each uses the preparation fold ``data.FOLDS[split]``."""

@@ -43,6 +43,9 @@ never lose or duplicate an effect, and the budget is never overspent.
 Root checker (SPEC 5): PASS iff every dish is prepared and eaten, which (since
 ``prepare`` consumes exactly the required, correctly prepared ingredients) means every
 ingredient was collected, not destroyed, and prepared exactly as required.
+
+The shared world is one locked state machine (every command, its rules and its events),
+so it stays one module.
 """
 
 from __future__ import annotations

@@ -1,0 +1,41 @@
+"""The notebooks' shared helpers: task picking, the noisy expert, a results row."""
+
+from __future__ import annotations
+
+import pytest
+
+from sera_core.agents.runtime import Runtime, RuntimeConfig
+from sera_core.course import eval_row, noisy_expert, pick_tasks
+from sera_core.envs.textcraft.tasks import generate_split as craft_split
+from sera_core.envs.textworld.tasks import generate_split as world_split
+
+
+def test_pick_tasks_filters_by_level_family_and_count():
+    val = craft_split("val")
+    medium = [t for t in val if t["misc"]["difficulty"] == "medium"]
+    assert pick_tasks("textcraft", difficulty="medium", count=3) == medium[:3]  # the evaluation split by default
+    mixed = pick_tasks("textcraft", difficulty=("hard", "easy"), per_level=2)
+    assert [t["misc"]["difficulty"] for t in mixed] == ["hard", "hard", "easy", "easy"]
+    assert pick_tasks("textcraft", "train", count=2) == craft_split("train")[:2]
+    gate = pick_tasks("textworld", family="dependency_gate", difficulty="medium")
+    assert gate == [t for t in world_split("test") if t["task_family"] == "dependency_gate" and t["difficulty"] == "medium"]
+    assert len(gate) == 50
+    with pytest.raises(ValueError, match="env"):
+        pick_tasks("minecraft")
+
+
+def test_the_noisy_expert_makes_seeded_mistakes_on_both_benchmarks():
+    tasks = pick_tasks("textcraft", difficulty="medium", count=3)
+    clean = Runtime("textcraft", noisy_expert(waste=0.0, early_finish=0.0), RuntimeConfig(seed=0)).run(tasks, trees=2)
+    noisy = Runtime("textcraft", noisy_expert(), RuntimeConfig(seed=0)).run(tasks, trees=2)
+    again = Runtime("textcraft", noisy_expert(), RuntimeConfig(seed=0)).run(tasks, trees=2)
+    assert all(r.tree.root_reward == 1.0 for r in clean)
+    assert [r.tree.root_reward for r in noisy] == [r.tree.root_reward for r in again]  # seeded
+    assert len({r.tree.root_reward for r in noisy}) == 2  # some trees fail: rewards differ between trees
+    expert = noisy_expert(mistake=0.4)
+    assert expert.textworld.mistake == 0.4 and expert.textworld.early_finish == 0.05 and expert.textcraft.waste == 0.3
+
+
+def test_eval_row_reads_a_summary():
+    summary = {"by_difficulty": {"easy": {"mean": 50.0}, "hard": {"mean": 0.0}}, "average": {"mean": 20.0}, "errors": 1}
+    assert eval_row(summary) == {"easy": 50.0, "hard": 0.0, "average": 20.0, "errors": 1}
