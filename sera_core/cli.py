@@ -443,7 +443,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
     try:
         summary = args.func(args)
-    except (CommandError, ValueError) as exc:
+    except (CommandError, ValueError, OSError) as exc:  # bad input, or the machine refused (disk full, read-only)
         print(json.dumps({"command": args.command, "error": str(exc)}))
         return 2
     print(json.dumps({"command": args.command, **summary}))

@@ -60,6 +60,8 @@ def test_expert_scores_100_through_the_evaluator(tokenizer, tasks, tmp_path):
         evaluate(tasks, expert(tokenizer), tmp_path, EvalConfig("textcraft", label="expert"), progress=False)
     with pytest.raises(EvalError, match="config"):  # nor results of another evaluation
         evaluate(tasks, expert(tokenizer), tmp_path, EvalConfig("textcraft", select=2), resume=True, progress=False)
+    by_spec = evaluate(tasks[:2], "expert", tmp_path / "spec", EvalConfig("textcraft", label="expert"), progress=False)
+    assert by_spec["average"]["mean"] == 100.0  # a policy spec names the actor (make_actor)
     with pytest.raises(EvalError, match="policy"):  # nor of another model
         evaluate(tasks, expert(tokenizer), tmp_path, EvalConfig("textcraft", label="expert", policy="hf:other"),
                  resume=True, progress=False)

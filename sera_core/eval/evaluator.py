@@ -160,13 +160,19 @@ async def _play(runtime: Runtime, todo: list[tuple[int, dict]], seed: int, ckpt:
 def evaluate(records: list[dict], actor: Any, out: str | Path, cfg: EvalConfig, *, shard: tuple[int, int] = (0, 1),
              resume: bool = False, external: Any = None, judge: Any = None, official: bool = False,
              progress: bool = True) -> dict[str, Any]:
-    """Evaluate ``actor`` on ``records`` into ``out`` (module docstring); ``judge`` labels the
+    """Evaluate ``actor`` on ``records`` into ``out`` (module docstring). ``actor`` is an actor
+    or a policy spec (``expert``, ``tiny``, ``hf:PATH``, ``vllm:PATH``:
+    :func:`~sera_core.agents.actors.make_actor`); ``judge`` labels the
     children (default: the benchmark's program checker; :meth:`~sera_core.envs.registry.Benchmark.make_judge`
     builds the one ``cfg.judge`` names). Returns the
     summary when the evaluation is complete (one shard, or the last shard to finish
     merges), else ``{"shard": ..., "complete": False}``; either with ``played``: the
     rollouts this call played (resumed rows not counted)."""
     out = Path(out)
+    if isinstance(actor, str):
+        from sera_core.agents.actors import make_actor
+
+        actor = make_actor(actor)
     i, n = shard
     if not (0 <= i < n):
         raise EvalError(f"shard must be i/n with 0 <= i < n, got {i}/{n}")

@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from sera_core.envs import DIFFICULTIES
 from sera_core.envs.registry import BENCHMARKS, ENVS
 from sera_core.rubrics import MalformedPolicy
 from sera_core.train.stages import StageController
@@ -223,11 +224,26 @@ def _is_num(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+_TYPES: dict[str, tuple[Any, str]] = {
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "str | None": (lambda v: v is None or isinstance(v, str), "null or a string"),
+    "int": (lambda v: _is_int(v), "an integer"),
+    "int | None": (lambda v: v is None or _is_int(v), "null or an integer"),
+    "float": (lambda v: _is_num(v), "a finite number"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+}
+"""The check of each declared field type (tuples have their own rules below)."""
+
+
 def validate(cfg: TrainConfig) -> TrainConfig:
     """``cfg`` if it can run; :class:`ConfigError` naming the first bad key otherwise."""
     def bad(key: str, why: str) -> ConfigError:
         return ConfigError(f"config key {key!r}: {why} (got {getattr(cfg, key)!r})")
 
+    for f in fields(cfg):  # every value of the type its field declares, before any rule reads it
+        expected = _TYPES.get(str(f.type))
+        if expected is not None and not expected[0](getattr(cfg, f.name)):
+            raise bad(f.name, f"must be {expected[1]}")
     for key, options in _CHOICES.items():
         if getattr(cfg, key) not in options:
             raise bad(key, f"must be one of {options}")
@@ -258,7 +274,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     for key in ("method", "model", "tasks", "out"):
         if not (isinstance(getattr(cfg, key), str) and getattr(cfg, key)):
             raise bad(key, "must be a non-empty string")
-    levels = ("easy", "medium", "hard", "extreme")
+    levels = DIFFICULTIES
     if cfg.difficulties is not None and not (isinstance(cfg.difficulties, tuple) and cfg.difficulties
                                              and all(d in levels for d in cfg.difficulties)):
         raise bad("difficulties", f"must be null or a non-empty list of {levels}")
@@ -316,7 +332,10 @@ def load_config(path: str | Path, **overrides: Any) -> TrainConfig:
     for key in ("betas", "difficulties"):
         if isinstance(values.get(key), list):
             values[key] = tuple(values[key])
-    return validate(TrainConfig(**values))
+    try:
+        return validate(TrainConfig(**values))
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def _read(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
@@ -325,10 +344,21 @@ def _read(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
         raise ConfigError(f"{path}: 'extends' forms a cycle")
     if not path.is_file():
         raise ConfigError(f"no such config file: {path}")
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_bytes().decode("utf-8")) or {}
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}: not valid YAML{where} ({getattr(exc, 'problem', None) or exc})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a config is a mapping of keys to values")
     base = data.pop("extends", None)
+    if base is not None and not isinstance(base, str):
+        raise ConfigError(f"{path}: 'extends' must name a config file, got {base!r}")
+    if base and not (path.parent / base).is_file():
+        raise ConfigError(f"{path}: extends {base!r}, but there is no such config file: {path.parent / base}")
     values = _read(path.parent / base, (*seen, path)) if base else {}
     values.update(data)
     return values

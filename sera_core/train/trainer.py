@@ -494,13 +494,20 @@ class Trainer:
         model = self.accelerator.unwrap_model(self.model)
         weights, moments = trained_state(model), optimizer_state(model, self.optimizer)  # collectives under FSDP
         if self.accelerator.is_main_process:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            save_file(weights, str(tmp / "model.safetensors"))
-            torch.save(moments, tmp / "optimizer.pt")
-            files = {name: sha256_file(tmp / name) for name in ("model.safetensors", "optimizer.pt")}
-            state = {"version": self.version, "config": self.cfg.to_json(), "counters": self.counters, "files": files}
-            (tmp / "state.json").write_text(json.dumps(state, indent=1))
+            try:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+                save_file(weights, str(tmp / "model.safetensors"))
+                torch.save(moments, tmp / "optimizer.pt")
+                files = {name: sha256_file(tmp / name) for name in ("model.safetensors", "optimizer.pt")}
+                state = {"version": self.version, "config": self.cfg.to_json(), "counters": self.counters, "files": files}
+                (tmp / "state.json").write_text(json.dumps(state, indent=1))
+            except OSError as exc:  # a full disk, a read-only folder, a file-size limit: keep the last checkpoint
+                shutil.rmtree(tmp, ignore_errors=True)
+                kept = f"the previous one (update {read_checkpoint(final)['version']}) is intact" if final.exists() \
+                    else "there is no earlier one"
+                raise OSError(exc.errno, f"{final}: could not write the checkpoint of update {self.version} "
+                                         f"({exc.strerror or exc}); {kept}") from exc
             swap_in(tmp, final)
         self.accelerator.wait_for_everyone()
         return final

@@ -56,10 +56,15 @@ def write_atomic(path: Path, data: bytes) -> None:
 def read_jsonl(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
     """Yield the JSON object on each non-empty line of ``path``.
 
-    Raises ``ValueError`` naming the file and line when a line is not a JSON object.
+    Raises ``ValueError`` naming the file and line when a line is not UTF-8 text or not a
+    JSON object.
     """
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
             if not line.strip():
                 continue
             try:

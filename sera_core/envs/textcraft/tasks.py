@@ -224,7 +224,8 @@ def validate_record(record: dict, where: str = "record") -> None:
     if missing:
         raise ValueError(f"{where}: misc lacks {', '.join(missing)}")
     targets = record["misc"]["target_items"]
-    if not isinstance(targets, dict) or not targets or not all(isinstance(v, int) and v > 0 for v in targets.values()):
+    if not isinstance(targets, dict) or not targets or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in targets.values()):
         raise ValueError(f"{where}: misc.target_items must map items to positive counts")
 
 

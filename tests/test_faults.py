@@ -1,0 +1,117 @@
+"""Faults during a run: a real ``sera eval`` process killed (SIGKILL) at generated points
+resumes to the uninterrupted result, with nothing lost and nothing counted twice.
+
+The kill points are fractions of the uninterrupted run's own wall time (seeded), so they
+fall before the first row, between rows and while rows are being written; a half-written
+last line is dropped on reopening (``JsonlCheckpoint``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SERA = [sys.executable, "-m", "sera_core"]
+
+
+def _eval(tasks: Path, out: Path, *extra: str) -> list[str]:
+    return [*SERA, "eval", "--env", "textcraft", "--tasks", str(tasks), "--policy", "expert", "--noise", "0.15",
+            "--concurrency", "2", "--out", str(out), *extra]
+
+
+def _is_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+def _summary(out: Path) -> dict:
+    summary = json.loads((out / "summary.json").read_text())
+    return {k: v for k, v in summary.items() if k not in ("rollout_seconds",)}
+
+
+@pytest.mark.timeout(900)
+def test_a_killed_evaluation_resumes_to_the_uninterrupted_result(tmp_path, val_tasks):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    tasks = tmp_path / "tasks.jsonl"
+    picked = [t for d in ("easy", "medium", "hard") for t in [x for x in val_tasks if x["misc"]["difficulty"] == d][:3]]
+    tasks.write_text("".join(json.dumps(t) + "\n" for t in picked))
+    t0 = time.perf_counter()
+    subprocess.run(_eval(tasks, tmp_path / "ref"), env=env, check=True, capture_output=True, timeout=600)
+    wall = time.perf_counter() - t0
+    reference = _summary(tmp_path / "ref")
+    assert 0 < reference["average"]["mean"] < 100  # a mix of outcomes: a lost or doubled row would show
+    rng = random.Random(19)
+    killed = 0
+    for k in range(3):
+        out = tmp_path / f"run{k}"
+        proc = subprocess.Popen(_eval(tasks, out), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(wall * rng.uniform(0.3, 0.95))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            killed += 1
+        proc.wait(timeout=60)
+        rows = out / "seed0.shard0of1.jsonl"
+        before = len([ln for ln in rows.read_text().splitlines() if _is_object(ln)]) if rows.exists() else 0
+        done = subprocess.run(_eval(tasks, out, "--resume"), env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        assert _summary(out) == reference  # the same result: nothing lost, nothing counted twice
+        lines = (out / "seed0.jsonl").read_text().splitlines()
+        assert sorted(json.loads(ln)["task_id"] for ln in lines) == sorted(t["id"] for t in picked)
+        assert json.loads(done.stdout.strip().splitlines()[-1])["played"] <= len(picked) - min(before, len(picked))
+    assert killed >= 2  # the kills landed while the run was going
+
+
+def _file_size_limit(limit: int):
+    """In the child: writes past ``limit`` bytes fail with EFBIG (the kernel's limit, a real fault)."""
+    import resource
+
+    def apply() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a kill
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+@pytest.mark.timeout(900)
+def test_a_checkpoint_write_that_fails_keeps_the_previous_checkpoint_and_says_why(tmp_path):
+    """``sera train`` whose checkpoint write hits a file-size limit (as a full disk would):
+    exit 2 with one JSON line naming the checkpoint and the kept update; the previous
+    checkpoint is whole (its hashes check) and no half-written folder is left; a rerun
+    without the limit resumes from it."""
+    from sera_core.envs.textcraft.tasks import generate_split
+    from sera_core.tiny.recipe import ASSETS
+    from sera_core.train.config import CONFIGS
+    from sera_core.train.trainer import read_checkpoint
+
+    tasks = tmp_path / "easy.jsonl"
+    tasks.write_text("".join(json.dumps(t) + "\n" for t in [t for t in generate_split("train")
+                                                             if t["misc"]["difficulty"] == "easy"][:4]))
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"extends: {CONFIGS / 'textcraft' / 'sera_tiny.yaml'}\nmodel: {ASSETS}\ntasks: {tasks}\n"
+                   "tasks_per_step: 1\ntrees_per_task: 2\ncheckpoint_every: 1\nschedule: 'execution:1'\n"
+                   f"max_new_tokens: 32\nmax_steps_per_agent: 2\nout: {tmp_path / 'run'}\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    first = subprocess.run([*SERA, "train", "--config", str(cfg), "--total-updates", "1"], env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    ckpt = tmp_path / "run" / "checkpoint"
+    size = (ckpt / "model.safetensors").stat().st_size
+    failed = subprocess.run([*SERA, "train", "--config", str(cfg), "--total-updates", "2", "--resume"], env=env,
+                            capture_output=True, text=True, timeout=600, preexec_fn=_file_size_limit(size // 2))
+    assert failed.returncode == 2, failed.stdout[-2000:] + failed.stderr[-2000:]
+    error = json.loads(failed.stdout.strip().splitlines()[-1])["error"]
+    assert "could not write the checkpoint of update 2" in error and "previous one (update 1) is intact" in error
+    assert read_checkpoint(ckpt)["version"] == 1  # whole: every file's hash checks
+    assert sorted(p.name for p in (tmp_path / "run").iterdir() if p.name.startswith("checkpoint")) == ["checkpoint"]
+    again = subprocess.run([*SERA, "train", "--config", str(cfg), "--total-updates", "2", "--resume"], env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert read_checkpoint(ckpt)["version"] == 2
