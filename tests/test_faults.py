@@ -70,6 +70,58 @@ def test_a_killed_evaluation_resumes_to_the_uninterrupted_result(tmp_path, val_t
     assert killed >= 2  # the kills landed while the run was going
 
 
+def _train_config(tmp_path: Path, out: Path, schedule: str = "execution:1") -> Path:
+    """The tiny SERA config on the from-scratch fixture model: 1 easy task x 2 trees per update."""
+    from sera_core.envs.textcraft.tasks import generate_split
+    from sera_core.tiny.recipe import ASSETS
+    from sera_core.train.config import CONFIGS
+
+    tasks = tmp_path / "easy.jsonl"
+    tasks.write_text("".join(json.dumps(t) + "\n" for t in [t for t in generate_split("train")
+                                                             if t["misc"]["difficulty"] == "easy"][:4]))
+    cfg = tmp_path / f"{out.name}.yaml"
+    cfg.write_text(f"extends: {CONFIGS / 'textcraft' / 'sera_tiny.yaml'}\nmodel: {ASSETS}\ntasks: {tasks}\n"
+                   f"tasks_per_step: 1\ntrees_per_task: 2\ncheckpoint_every: 1\nschedule: '{schedule}'\n"
+                   f"max_new_tokens: 32\nmax_steps_per_agent: 2\nfilter_zero_variance: false\nout: {out}\n")
+    return cfg
+
+
+def _metrics(out: Path) -> list[dict]:
+    import csv
+
+    with (out / "metrics.csv").open(newline="") as f:
+        return [{k: v for k, v in row.items() if not k.startswith("seconds")} for row in csv.DictReader(f)]
+
+
+@pytest.mark.timeout(1200)
+def test_a_killed_training_run_resumes_to_the_uninterrupted_weights_and_metrics(tmp_path):
+    """``sera train`` killed (SIGKILL) at seeded points of a 4-update run, then ``--resume``d
+    until it finishes: the final weights and every metrics row equal the uninterrupted run's
+    (rows past the last checkpoint are replayed, never doubled)."""
+    from sera_core.train.trainer import read_checkpoint
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    schedule = "execution:2,delegation:1,rubric_generation:1"
+    ref_cfg = _train_config(tmp_path, tmp_path / "ref", schedule)
+    t0 = time.perf_counter()
+    subprocess.run([*SERA, "train", "--config", str(ref_cfg), "--total-updates", "4"], env=env, check=True,
+                   capture_output=True, timeout=900)
+    wall = time.perf_counter() - t0
+    reference = read_checkpoint(tmp_path / "ref" / "checkpoint")["files"]
+    rng = random.Random(7)
+    for k in range(2):
+        cfg = _train_config(tmp_path, tmp_path / f"run{k}", schedule)
+        cmd = [*SERA, "train", "--config", str(cfg), "--total-updates", "4", "--resume"]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(wall * rng.uniform(0.4, 0.9))
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=60) == -signal.SIGKILL  # killed mid-run, not after it finished
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert read_checkpoint(tmp_path / f"run{k}" / "checkpoint")["files"] == reference  # the same weights (sha256)
+        assert _metrics(tmp_path / f"run{k}") == _metrics(tmp_path / "ref")
+
+
 def _file_size_limit(limit: int):
     """In the child: writes past ``limit`` bytes fail with EFBIG (the kernel's limit, a real fault)."""
     import resource
@@ -86,18 +138,9 @@ def test_a_checkpoint_write_that_fails_keeps_the_previous_checkpoint_and_says_wh
     exit 2 with one JSON line naming the checkpoint and the kept update; the previous
     checkpoint is whole (its hashes check) and no half-written folder is left; a rerun
     without the limit resumes from it."""
-    from sera_core.envs.textcraft.tasks import generate_split
-    from sera_core.tiny.recipe import ASSETS
-    from sera_core.train.config import CONFIGS
     from sera_core.train.trainer import read_checkpoint
 
-    tasks = tmp_path / "easy.jsonl"
-    tasks.write_text("".join(json.dumps(t) + "\n" for t in [t for t in generate_split("train")
-                                                             if t["misc"]["difficulty"] == "easy"][:4]))
-    cfg = tmp_path / "run.yaml"
-    cfg.write_text(f"extends: {CONFIGS / 'textcraft' / 'sera_tiny.yaml'}\nmodel: {ASSETS}\ntasks: {tasks}\n"
-                   "tasks_per_step: 1\ntrees_per_task: 2\ncheckpoint_every: 1\nschedule: 'execution:1'\n"
-                   f"max_new_tokens: 32\nmax_steps_per_agent: 2\nout: {tmp_path / 'run'}\n")
+    cfg = _train_config(tmp_path, tmp_path / "run")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     first = subprocess.run([*SERA, "train", "--config", str(cfg), "--total-updates", "1"], env=env, capture_output=True,
                            text=True, timeout=600)

@@ -49,6 +49,7 @@ and update.
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import os
 import random
@@ -485,6 +486,7 @@ class Trainer:
     # -- checkpoints -------------------------------------------------------------------
     def save(self) -> Path:
         """Write ``out/checkpoint`` atomically (module docstring)."""
+        from safetensors import SafetensorError
         from safetensors.torch import save_file
 
         from sera_core.utils.weights import optimizer_state, trained_state
@@ -502,12 +504,13 @@ class Trainer:
                 files = {name: sha256_file(tmp / name) for name in ("model.safetensors", "optimizer.pt")}
                 state = {"version": self.version, "config": self.cfg.to_json(), "counters": self.counters, "files": files}
                 (tmp / "state.json").write_text(json.dumps(state, indent=1))
-            except OSError as exc:  # a full disk, a read-only folder, a file-size limit: keep the last checkpoint
-                shutil.rmtree(tmp, ignore_errors=True)
+            except (OSError, RuntimeError, SafetensorError) as exc:  # a full disk, a read-only folder, a size limit
+                shutil.rmtree(tmp, ignore_errors=True)  # (torch and safetensors report I/O failures as their own errors)
                 kept = f"the previous one (update {read_checkpoint(final)['version']}) is intact" if final.exists() \
                     else "there is no earlier one"
-                raise OSError(exc.errno, f"{final}: could not write the checkpoint of update {self.version} "
-                                         f"({exc.strerror or exc}); {kept}") from exc
+                raise OSError(getattr(exc, "errno", None) or errno.EIO,
+                              f"{final}: could not write the checkpoint of update {self.version} "
+                              f"({getattr(exc, 'strerror', None) or exc}); {kept}") from exc
             swap_in(tmp, final)
         self.accelerator.wait_for_everyone()
         return final
