@@ -1,6 +1,13 @@
 """Loaders of user files under generated damage (hypothesis; ``SERA_FUZZ_EXAMPLES / 5`` inputs
 each, 40 by default: every config input plans a run, about a second).
 
+* TextWorld task records are checked whole: any top-level field changed or dropped is
+  refused naming the line;
+* an evaluation folder whose ``plan.json`` or a result row was damaged does not merge: exit 2
+  naming the file, no summary;
+* a checkpoint whose ``state.json`` or weights were damaged is refused by ``sera export``:
+  exit 2 naming the checkpoint, nothing exported.
+
 * a task file with a damaged line (cut short, not UTF-8, not an object, no ``misc``, bad
   target counts) makes ``sera eval`` exit 2 with one JSON error line naming the file and the
   line, before any work: the output folder is never created;
@@ -14,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -109,3 +117,150 @@ def test_a_damaged_config_loads_or_fails_naming_the_file_or_key(tmp_path_factory
     if code == 2:
         assert str(path) in reply["error"] or (key is not None and f"'{key}'" in reply["error"]), reply["error"]
     assert sorted(p.name for p in folder.iterdir()) == ["run.yaml"]  # a dry run, or a refusal, writes nothing
+
+
+@pytest.fixture(scope="module")
+def world_lines() -> list[bytes]:
+    from sera_core.envs.textworld.tasks import generate_split
+
+    return [json.dumps(t, sort_keys=True).encode() for t in generate_split("test")[:2]]
+
+
+@settings(settings.get_profile("sera-loaders"))
+@given(data=st.data())
+def test_a_textworld_task_with_any_field_changed_fails_naming_the_line(tmp_path_factory, capsys, world_lines, data):
+    """TextWorld records are checked whole (every field, the texts against their renderings):
+    any top-level field given another JSON value, or dropped, is refused before any work."""
+    folder = tmp_path_factory.mktemp("world")
+    at = data.draw(st.integers(0, len(world_lines) - 1))
+    record = json.loads(world_lines[at])
+    key = data.draw(st.sampled_from(sorted(record)))
+    if data.draw(st.booleans()):
+        record.pop(key)
+    else:
+        record[key] = data.draw(json_values.filter(lambda v, old=record[key]: v != old))
+    lines = list(world_lines)
+    lines[at] = json.dumps(record).encode()
+    path = folder / "tasks.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    out = folder / "eval"
+    capsys.readouterr()
+    code = main(["eval", "--env", "textworld", "--tasks", str(path), "--policy", "expert", "--out", str(out)])
+    error = _last_json(capsys)["error"]
+    assert code == 2 and f"{path}:{at + 1}" in error, (key, error)
+    assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def finished_eval(tmp_path_factory, val_tasks) -> Path:
+    """A finished evaluation folder (the expert on 3 val tasks)."""
+    folder = tmp_path_factory.mktemp("eval_done")
+    tasks = folder / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(t) + "\n" for t in val_tasks[:3]))
+    assert main(["eval", "--env", "textcraft", "--tasks", str(tasks), "--policy", "expert", "--out", str(folder / "out")]) == 0
+    return folder / "out"
+
+
+@settings(settings.get_profile("sera-loaders"))
+@given(data=st.data(), target=st.sampled_from(["plan", "row"]))
+def test_a_damaged_evaluation_folder_fails_to_merge_naming_the_file(tmp_path_factory, capsys, finished_eval, data, target):
+    """``sera eval --merge`` on a folder whose ``plan.json`` or a result row was damaged
+    (cut, not UTF-8, a field given any JSON value or dropped) merges nothing: exit 2 naming
+    the file, and no summary is written."""
+    import shutil
+
+    out = tmp_path_factory.mktemp("eval") / "out"
+    shutil.copytree(finished_eval, out)
+    (out / "summary.json").unlink()
+    path = out / ("plan.json" if target == "plan" else "seed0.shard0of1.jsonl")
+    lines = path.read_bytes().split(b"\n") if target == "row" else [path.read_bytes()]
+    k = data.draw(st.integers(0, len([ln for ln in lines if ln]) - 1))
+    obj = json.loads(lines[k])
+    how = data.draw(st.sampled_from(["cut", "bytes", "value", "drop"]))
+    key = data.draw(st.sampled_from(sorted(["env", "tasks", "seeds", "shards", "config", "format"] if target == "plan"
+                                            else ["task_id", "success", "error", "seconds", "difficulty"])))
+    if how == "cut":
+        lines[k] = lines[k][: data.draw(st.integers(0, len(lines[k]) - 2))] + (b"" if target == "plan" else b"}")
+    elif how == "bytes":
+        lines[k] = lines[k][:5] + b"\xff" + lines[k][5:]
+    elif how == "drop":
+        obj.pop(key)
+        lines[k] = json.dumps(obj).encode()
+    else:
+        obj[key] = data.draw(json_values.filter(lambda v, old=obj[key]: v != old and not (
+            key == "error" and v is None) and not (key == "difficulty" and isinstance(v, str))))
+        lines[k] = json.dumps(obj).encode()
+    path.write_bytes(b"\n".join(lines))
+    capsys.readouterr()
+    code = main(["eval", "--merge", "--out", str(out)])
+    reply = _last_json(capsys)
+    if code == 0:  # the damage left a valid folder (a row's outcome, time or error text changed): it merges
+        row_types = {"success": (bool,), "seconds": (int, float), "error": (str, type(None)), "difficulty": (str,)}
+        assert target == "row" and how == "value" and key in row_types and isinstance(obj[key], row_types[key]), reply
+        return
+    assert code == 2 and (str(path) in reply["error"] or path.name in reply["error"] or str(out) in reply["error"]), reply
+    assert not (out / "summary.json").exists()
+
+
+@settings(settings.get_profile("sera-loaders"))
+@given(data=st.data())
+def test_a_damaged_checkpoint_is_refused_naming_it(tmp_path_factory, capsys, data):
+    """``sera export`` of a run whose ``state.json`` or weights were damaged (cut, not UTF-8,
+    a field given any JSON value or dropped, a weights file changed): exit 2 naming the
+    checkpoint, nothing exported."""
+    import shutil
+
+    source = _trained_run(tmp_path_factory)
+    run = tmp_path_factory.mktemp("ckpt") / "run"
+    shutil.copytree(source, run)
+    state = run / "checkpoint" / "state.json"
+    how = data.draw(st.sampled_from(["cut", "bytes", "value", "drop", "weights"]))
+    obj = json.loads(state.read_text())
+    key = data.draw(st.sampled_from(sorted(obj)))
+    if how == "cut":
+        text = state.read_bytes()
+        state.write_bytes(text[: data.draw(st.integers(0, len(text) - 2))])
+    elif how == "bytes":
+        state.write_bytes(b"\xff" + state.read_bytes())
+    elif how == "drop":
+        obj.pop(key)
+        state.write_text(json.dumps(obj))
+    elif how == "value":
+        obj[key] = data.draw(json_values.filter(lambda v, old=obj[key]: v != old))
+        state.write_text(json.dumps(obj))
+    else:
+        weights = run / "checkpoint" / "model.safetensors"
+        blob = bytearray(weights.read_bytes())
+        blob[data.draw(st.integers(0, len(blob) - 1))] ^= 0xFF
+        weights.write_bytes(bytes(blob))
+    capsys.readouterr()
+    code = main(["export", "--run", str(run), "--out", str(run.parent / "hf")])
+    reply = _last_json(capsys)
+    if code == 0:  # only a field that is recorded, never read back, can change harmlessly
+        assert how == "value" and key == "counters", reply
+        return
+    assert code == 2 and "checkpoint" in reply["error"], reply
+    assert not (run.parent / "hf").exists()
+
+
+_TRAINED: dict[str, Path] = {}
+
+
+def _trained_run(tmp_path_factory) -> Path:
+    """One tiny training run (1 update of the from-scratch fixture model), made once."""
+    if "run" not in _TRAINED:
+        from sera_core.envs.textcraft.tasks import generate_split
+        from sera_core.tiny.recipe import ASSETS
+        from sera_core.train.config import CONFIGS
+
+        folder = tmp_path_factory.mktemp("trained")
+        tasks = folder / "easy.jsonl"
+        tasks.write_text("".join(json.dumps(t) + "\n" for t in [t for t in generate_split("train")
+                                                                 if t["misc"]["difficulty"] == "easy"][:2]))
+        cfg = folder / "run.yaml"
+        cfg.write_text(f"extends: {CONFIGS / 'textcraft' / 'sera_tiny.yaml'}\nmodel: {ASSETS}\ntasks: {tasks}\n"
+                       "tasks_per_step: 1\ntrees_per_task: 2\nschedule: 'execution:1'\nmax_new_tokens: 16\n"
+                       f"max_steps_per_agent: 1\nout: {folder / 'run'}\n")
+        assert main(["train", "--config", str(cfg), "--total-updates", "1"]) == 0
+        _TRAINED["run"] = folder / "run"
+    return _TRAINED["run"]

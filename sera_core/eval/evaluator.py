@@ -126,6 +126,42 @@ def _plan(cfg: EvalConfig, ids: list[str], shards: int) -> dict[str, Any]:
             "config": config, "label": cfg.label, "policy": cfg.policy}
 
 
+_PLAN_FIELDS = {"env": str, "tasks": list, "seeds": list, "shards": int, "config": dict, "label": str, "policy": str}
+_ROW_FIELDS = {"task_id": (str,), "success": (bool,), "error": (str, type(None)), "difficulty": (str, type(None)),
+               "seconds": (int, float)}
+
+
+def read_plan(out: Path) -> dict[str, Any]:
+    """The ``plan.json`` of an evaluation folder, checked (:class:`EvalError` naming the file
+    and the first bad field otherwise)."""
+    path = Path(out) / "plan.json"
+    try:
+        plan = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise EvalError(f"{path}: not a JSON plan ({exc})") from None
+    if not isinstance(plan, dict) or plan.get("format") != PLAN_FORMAT:
+        raise EvalError(f"{path}: not an evaluation plan (format {PLAN_FORMAT!r} expected)")
+    for key, kind in _PLAN_FIELDS.items():
+        value = plan.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 1):
+            raise EvalError(f"{path}: {key!r} must be {kind.__name__}{' >= 1' if kind is int else ''}, got {value!r}")
+    if not plan["tasks"] or not plan["seeds"] or not all(isinstance(t, str) for t in plan["tasks"]) or not all(
+            isinstance(s, int) and not isinstance(s, bool) for s in plan["seeds"]):
+        raise EvalError(f"{path}: 'tasks' must be task ids and 'seeds' integers (neither empty)")
+    missing = [k for k in ("select", "max_steps", "max_depth", "max_new_tokens") if k not in plan["config"]]
+    if missing:
+        raise EvalError(f"{path}: 'config' lacks {', '.join(missing)}")
+    return plan
+
+
+def _check_row(row: dict[str, Any], path: Path) -> None:
+    """One result row's fields have their types (:class:`EvalError` naming the file and task)."""
+    for key, kinds in _ROW_FIELDS.items():
+        value = row.get(key)
+        if key not in row or not isinstance(value, kinds) or (kinds == (int, float) and isinstance(value, bool)):
+            raise EvalError(f"{path}: the row of task {row.get('task_id')!r} has a bad {key!r} ({value!r})")
+
+
 def _check_plan(out: Path, plan: dict[str, Any]) -> None:
     """Write ``plan.json``, or check that an existing one describes the same evaluation."""
     path = out / "plan.json"
@@ -133,7 +169,7 @@ def _check_plan(out: Path, plan: dict[str, Any]) -> None:
         out.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(plan, indent=1).encode())
         return
-    old = json.loads(path.read_text())
+    old = read_plan(out)
     diff = [k for k in ("env", "tasks", "seeds", "shards", "config", "label", "policy") if old.get(k) != plan.get(k)]
     if diff:
         raise EvalError(f"{out} holds an evaluation with other {', '.join(diff)}; use another --out")
@@ -216,7 +252,7 @@ def merge(out: str | Path) -> dict[str, Any]:
     plan_path = out / "plan.json"
     if not plan_path.exists():
         raise EvalError(f"{out} has no plan.json: not an evaluation folder")
-    plan = json.loads(plan_path.read_text())
+    plan = read_plan(out)
     ids, n = plan["tasks"], plan["shards"]
     per_seed: dict[int, list[dict]] = {}
     for seed in plan["seeds"]:
@@ -224,14 +260,16 @@ def merge(out: str | Path) -> dict[str, Any]:
         for j in range(n):
             path = shard_file(out, seed, (j, n))
             if not path.exists():
-                raise EvalError(f"shard {j}/{n} of seed {seed} has not run ({path.name} is missing)")
+                raise EvalError(f"{out}: shard {j}/{n} of seed {seed} has not run ({path.name} is missing)")
             for task_id, row in JsonlCheckpoint(path, key="task_id").records.items():
+                _check_row(row, path)
                 if task_id in rows:
-                    raise EvalError(f"task {task_id} has results in two shards (seed {seed}): counted twice")
+                    raise EvalError(f"{out}: task {task_id} has results in two shards (seed {seed}): counted twice")
                 rows[task_id] = row
         missing = [t for t in ids if t not in rows]
         if missing:
-            raise EvalError(f"seed {seed}: {len(missing)} task(s) have no result yet (first: {missing[0]}); rerun with --resume")
+            raise EvalError(f"{out}: seed {seed}: {len(missing)} task(s) have no result yet (first: {missing[0]}); "
+                            "rerun with --resume")
         per_seed[seed] = [rows[t] for t in ids]
         write_jsonl(out / f"seed{seed}.jsonl", per_seed[seed])
     summary = {**summarize_runs(per_seed, plan["env"], label=plan["label"], method=plan["config"].get("method")),

@@ -99,8 +99,9 @@ OPERATIONAL = ("total_updates", "checkpoint_every", "log_with", "judge_cache", "
 """Config keys a resumed run may change (they do not change what is trained)."""
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be resumed from (the message says why)."""
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed from (the message says why): bad input, so the
+    command line answers it with exit code 2 and one JSON error line."""
 
 
 class TimedPolicy:
@@ -134,11 +135,18 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     that every file is there and matches its sha256 (else :class:`CheckpointError`)."""
     path = Path(path)
     try:
-        state = json.loads((path / "state.json").read_text())
-        files = state["files"]
-        state["version"] = int(state["version"])
+        state = json.loads((path / "state.json").read_bytes().decode("utf-8"))
+        files, version, config, counters = state["files"], state["version"], state["config"], state["counters"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{path}: no readable state.json ({exc}); the checkpoint is partial or corrupt") from None
+    if not (isinstance(version, int) and not isinstance(version, bool) and version >= 0
+            and isinstance(files, dict) and files and all(isinstance(v, str) for v in files.values())
+            and isinstance(config, dict) and isinstance(config.get("model"), str)
+            and isinstance(counters, dict)):
+        raise CheckpointError(f"{path}: state.json lacks a version, files, config or counters of the right types; "
+                              "the checkpoint is partial or corrupt")
+    if any(not isinstance(name, str) or "/" in name or name.startswith(".") for name in files):
+        raise CheckpointError(f"{path}: state.json names files outside the checkpoint; the checkpoint is corrupt")
     for name, digest in files.items():
         if not (path / name).is_file():
             raise CheckpointError(f"{path}: {name} is missing; the checkpoint is partial")

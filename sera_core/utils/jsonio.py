@@ -95,7 +95,10 @@ class JsonlCheckpoint:
             if end < len(data):
                 with open(self.path, "r+b") as fh:
                     fh.truncate(end)
-            self.records = {rec[key]: rec for rec in read_jsonl(self.path)}
+            for i, rec in enumerate(read_jsonl(self.path), 1):
+                if not isinstance(rec.get(key), (str, int)) or isinstance(rec.get(key), bool):
+                    raise ValueError(f"{self.path}: record {i} has no {key!r} (a string or integer)")
+                self.records[rec[key]] = rec
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 

@@ -690,7 +690,17 @@ def _in_range(value: object, low: int, high: int, what: str, where: str) -> None
 
 
 def validate_record(record: dict, where: str = "record") -> None:
-    """Raise ``ValueError`` naming the first problem if ``record`` is not a well-formed task.
+    """Raise ``ValueError`` naming the first problem if ``record`` is not a well-formed task
+    (:func:`_check_record`); a field of an unexpected type is such a problem too, never a
+    crash of the check itself."""
+    try:
+        _check_record(record, where)
+    except (TypeError, KeyError, AttributeError, IndexError) as exc:
+        raise ValueError(f"{where}: not a well-formed TextWorld-Sync task ({type(exc).__name__}: {exc})") from None
+
+
+def _check_record(record: dict, where: str) -> None:
+    """The checks of :func:`validate_record`.
 
     Checks fields, family/difficulty/split names, the task id, the seed fields, dishes
     (ids, disjoint ingredients, valid and fold-allowed preparations, branch work),
