@@ -67,7 +67,7 @@ def _damaged(line: bytes, kind: str, data) -> bytes:
         return json.dumps(record).encode()
     # bad target counts: empty, zero, negative, not an int, not a mapping
     record["misc"]["target_items"] = data.draw(st.sampled_from([{}, {"x": 0}, {"x": -3}, {"x": 1.5}, {"x": "2"}, ["x"],
-                                                                 None, {"x": True}]))
+                                                                 None, {"x": True}, {"x": 10**30}]))
     return json.dumps(record).encode()
 
 
@@ -83,6 +83,26 @@ def test_a_damaged_task_file_fails_naming_the_line_and_writes_nothing(tmp_path_f
     out = folder / "eval"
     capsys.readouterr()
     code = main(["eval", "--env", "textcraft", "--tasks", str(path), "--policy", "expert", "--out", str(out)])
+    error = _last_json(capsys)["error"]
+    assert code == 2 and f"{path}:{at + 1}" in error, error
+    assert not out.exists()
+
+
+@settings(settings.get_profile("sera-loaders"))
+@given(data=st.data(), kind=st.sampled_from(["cut", "bytes", "not_object", "no_misc", "targets"]))
+def test_a_damaged_official_task_file_fails_naming_the_line(tmp_path_factory, capsys, official_dir, data, kind):
+    """The same damage in the official TextCraft-Synth format (``--format official``; the
+    samples are read from ../shared, never copied into the repository)."""
+    lines = (official_dir / "textcraft_synth_val_sample.jsonl").read_bytes().splitlines()[:3]
+    folder = tmp_path_factory.mktemp("official")
+    at = data.draw(st.integers(0, len(lines) - 1))
+    lines[at] = _damaged(lines[at], kind, data)
+    path = folder / "tasks.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    out = folder / "eval"
+    capsys.readouterr()
+    code = main(["eval", "--env", "textcraft", "--format", "official", "--tasks", str(path), "--policy", "expert",
+                 "--out", str(out)])
     error = _last_json(capsys)["error"]
     assert code == 2 and f"{path}:{at + 1}" in error, error
     assert not out.exists()

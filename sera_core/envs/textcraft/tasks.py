@@ -214,6 +214,8 @@ def split_stats(records: list[dict]) -> dict:
 
 
 REQUIRED_MISC = ("target_items", "initial_inventory", "gold_trajectory")
+MAX_TARGET_COUNT = 1_000_000
+"""Largest count a task may ask for (tasks ask 1-3; a huge count is damage, not a task)."""
 
 
 def validate_record(record: dict, where: str = "record") -> None:
@@ -225,8 +227,8 @@ def validate_record(record: dict, where: str = "record") -> None:
         raise ValueError(f"{where}: misc lacks {', '.join(missing)}")
     targets = record["misc"]["target_items"]
     if not isinstance(targets, dict) or not targets or not all(
-            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in targets.values()):
-        raise ValueError(f"{where}: misc.target_items must map items to positive counts")
+            isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_TARGET_COUNT for v in targets.values()):
+        raise ValueError(f"{where}: misc.target_items must map items to positive counts (at most {MAX_TARGET_COUNT:,})")
 
 
 def book_for_record(record: dict, *, official: bool = False) -> RecipeBook:
