@@ -35,7 +35,7 @@ test: setup  ## Run the tests: pytest, then every notebook with nbval
 	$(BIN)/python -m pytest tests
 	SERA_SMOKE=1 $(BIN)/python -m pytest --nbval-lax --nbval-sanitize-with notebooks/nbval_sanitize.cfg notebooks
 
-fuzz: setup  ## The long property-based run of the model-output parsers (10,000 inputs each; figures in docs/reliability.md)
+fuzz: setup  ## The long property-based run of the model-output parsers (10,000 inputs each, about 7 min; docs/reliability.md)
 	SERA_FUZZ_EXAMPLES=10000 $(BIN)/python -m pytest -q tests/test_fuzz_parsers.py
 
 figures: setup  ## Rebuild the paper's tables and figures into figures/ (seconds; same bytes every time)
