@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tiny_run import write_train_config
 
 SERA = [sys.executable, "-m", "sera_core"]
 
@@ -71,19 +72,9 @@ def test_a_killed_evaluation_resumes_to_the_uninterrupted_result(tmp_path, val_t
 
 
 def _train_config(tmp_path: Path, out: Path, schedule: str = "execution:1") -> Path:
-    """The tiny SERA config on the from-scratch fixture model: 1 easy task x 2 trees per update."""
-    from sera_core.envs.textcraft.tasks import generate_split
-    from sera_core.tiny.recipe import ASSETS
-    from sera_core.train.config import CONFIGS
-
-    tasks = tmp_path / "easy.jsonl"
-    tasks.write_text("".join(json.dumps(t) + "\n" for t in [t for t in generate_split("train")
-                                                             if t["misc"]["difficulty"] == "easy"][:4]))
-    cfg = tmp_path / f"{out.name}.yaml"
-    cfg.write_text(f"extends: {CONFIGS / 'textcraft' / 'sera_tiny.yaml'}\nmodel: {ASSETS}\ntasks: {tasks}\n"
-                   f"tasks_per_step: 1\ntrees_per_task: 2\ncheckpoint_every: 1\nschedule: '{schedule}'\n"
-                   f"max_new_tokens: 32\nmax_steps_per_agent: 2\nfilter_zero_variance: false\nout: {out}\n")
-    return cfg
+    """The tiny SERA config (tests/tiny_run.py), a checkpoint after every update."""
+    return write_train_config(tmp_path, out, checkpoint_every=1, schedule=schedule, max_new_tokens=32,
+                              max_steps_per_agent=2, filter_zero_variance=False)
 
 
 def _metrics(out: Path) -> list[dict]:

@@ -24,6 +24,7 @@ import os
 from pathlib import Path
 
 import pytest
+from tiny_run import write_train_config
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -71,6 +72,21 @@ def _damaged(line: bytes, kind: str, data) -> bytes:
     return json.dumps(record).encode()
 
 
+def _refused_task_file(folder: Path, lines: list[bytes], at: int, capsys, *args: str) -> str:
+    """Write ``lines`` as a task file, run ``sera eval ARGS`` on it: it must exit 2 with one
+    JSON error line naming the file and line ``at`` (0-based), before any work (no output
+    folder). Returns the error."""
+    path = folder / "tasks.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    out = folder / "eval"
+    capsys.readouterr()
+    code = main(["eval", *args, "--tasks", str(path), "--policy", "expert", "--out", str(out)])
+    error = _last_json(capsys)["error"]
+    assert code == 2 and f"{path}:{at + 1}" in error, error
+    assert not out.exists()
+    return error
+
+
 @settings(settings.get_profile("sera-loaders"))
 @given(data=st.data(), kind=st.sampled_from(["cut", "bytes", "not_object", "no_misc", "targets"]))
 def test_a_damaged_task_file_fails_naming_the_line_and_writes_nothing(tmp_path_factory, capsys, good_lines, data, kind):
@@ -78,14 +94,7 @@ def test_a_damaged_task_file_fails_naming_the_line_and_writes_nothing(tmp_path_f
     at = data.draw(st.integers(0, len(good_lines) - 1))
     lines = list(good_lines)
     lines[at] = _damaged(lines[at], kind, data)
-    path = folder / "tasks.jsonl"
-    path.write_bytes(b"\n".join(lines) + b"\n")
-    out = folder / "eval"
-    capsys.readouterr()
-    code = main(["eval", "--env", "textcraft", "--tasks", str(path), "--policy", "expert", "--out", str(out)])
-    error = _last_json(capsys)["error"]
-    assert code == 2 and f"{path}:{at + 1}" in error, error
-    assert not out.exists()
+    _refused_task_file(folder, lines, at, capsys, "--env", "textcraft")
 
 
 @settings(settings.get_profile("sera-loaders"))
@@ -97,15 +106,7 @@ def test_a_damaged_official_task_file_fails_naming_the_line(tmp_path_factory, ca
     folder = tmp_path_factory.mktemp("official")
     at = data.draw(st.integers(0, len(lines) - 1))
     lines[at] = _damaged(lines[at], kind, data)
-    path = folder / "tasks.jsonl"
-    path.write_bytes(b"\n".join(lines) + b"\n")
-    out = folder / "eval"
-    capsys.readouterr()
-    code = main(["eval", "--env", "textcraft", "--format", "official", "--tasks", str(path), "--policy", "expert",
-                 "--out", str(out)])
-    error = _last_json(capsys)["error"]
-    assert code == 2 and f"{path}:{at + 1}" in error, error
-    assert not out.exists()
+    _refused_task_file(folder, lines, at, capsys, "--env", "textcraft", "--format", "official")
 
 
 KEYS = sorted(f.name for f in TrainConfig.__dataclass_fields__.values())
@@ -161,14 +162,7 @@ def test_a_textworld_task_with_any_field_changed_fails_naming_the_line(tmp_path_
         record[key] = data.draw(json_values.filter(lambda v, old=record[key]: v != old))
     lines = list(world_lines)
     lines[at] = json.dumps(record).encode()
-    path = folder / "tasks.jsonl"
-    path.write_bytes(b"\n".join(lines) + b"\n")
-    out = folder / "eval"
-    capsys.readouterr()
-    code = main(["eval", "--env", "textworld", "--tasks", str(path), "--policy", "expert", "--out", str(out)])
-    error = _last_json(capsys)["error"]
-    assert code == 2 and f"{path}:{at + 1}" in error, (key, error)
-    assert not out.exists()
+    _refused_task_file(folder, lines, at, capsys, "--env", "textworld")
 
 
 @pytest.fixture(scope="module")
@@ -222,17 +216,26 @@ def test_a_damaged_evaluation_folder_fails_to_merge_naming_the_file(tmp_path_fac
     assert not (out / "summary.json").exists()
 
 
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory) -> Path:
+    """One tiny training run (1 update of the from-scratch fixture model, tests/tiny_run.py)."""
+    folder = tmp_path_factory.mktemp("trained")
+    cfg = write_train_config(folder, folder / "run", tasks=2, schedule="execution:1", max_new_tokens=16,
+                             max_steps_per_agent=1)
+    assert main(["train", "--config", str(cfg), "--total-updates", "1"]) == 0
+    return folder / "run"
+
+
 @settings(settings.get_profile("sera-loaders"))
 @given(data=st.data())
-def test_a_damaged_checkpoint_is_refused_naming_it(tmp_path_factory, capsys, data):
+def test_a_damaged_checkpoint_is_refused_naming_it(tmp_path_factory, capsys, trained_run, data):
     """``sera export`` of a run whose ``state.json`` or weights were damaged (cut, not UTF-8,
     a field given any JSON value or dropped, a weights file changed): exit 2 naming the
     checkpoint, nothing exported."""
     import shutil
 
-    source = _trained_run(tmp_path_factory)
     run = tmp_path_factory.mktemp("ckpt") / "run"
-    shutil.copytree(source, run)
+    shutil.copytree(trained_run, run)
     state = run / "checkpoint" / "state.json"
     how = data.draw(st.sampled_from(["cut", "bytes", "value", "drop", "weights"]))
     obj = json.loads(state.read_text())
@@ -261,26 +264,3 @@ def test_a_damaged_checkpoint_is_refused_naming_it(tmp_path_factory, capsys, dat
         return
     assert code == 2 and "checkpoint" in reply["error"], reply
     assert not (run.parent / "hf").exists()
-
-
-_TRAINED: dict[str, Path] = {}
-
-
-def _trained_run(tmp_path_factory) -> Path:
-    """One tiny training run (1 update of the from-scratch fixture model), made once."""
-    if "run" not in _TRAINED:
-        from sera_core.envs.textcraft.tasks import generate_split
-        from sera_core.tiny.recipe import ASSETS
-        from sera_core.train.config import CONFIGS
-
-        folder = tmp_path_factory.mktemp("trained")
-        tasks = folder / "easy.jsonl"
-        tasks.write_text("".join(json.dumps(t) + "\n" for t in [t for t in generate_split("train")
-                                                                 if t["misc"]["difficulty"] == "easy"][:2]))
-        cfg = folder / "run.yaml"
-        cfg.write_text(f"extends: {CONFIGS / 'textcraft' / 'sera_tiny.yaml'}\nmodel: {ASSETS}\ntasks: {tasks}\n"
-                       "tasks_per_step: 1\ntrees_per_task: 2\nschedule: 'execution:1'\nmax_new_tokens: 16\n"
-                       f"max_steps_per_agent: 1\nout: {folder / 'run'}\n")
-        assert main(["train", "--config", str(cfg), "--total-updates", "1"]) == 0
-        _TRAINED["run"] = folder / "run"
-    return _TRAINED["run"]

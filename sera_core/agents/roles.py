@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from sera_core.agents.tree import KINDS, Turn
-from sera_core.envs.registry import BENCHMARKS, benchmark
+from sera_core.envs.registry import BENCHMARKS
 
 Decode = Callable[[list[int]], str]
 """``decode(ids) -> text``, e.g. ``tokenizer.decode``; must be deterministic."""
@@ -93,7 +93,9 @@ def launch_spans(text: str, env: str) -> list[tuple[int, int]]:
     disjoint: the rule of benchmark ``env`` (TextCraft: the smallest statements of the
     first ``<python>`` block that refer to ``launch_subagent``,
     :mod:`sera_core.envs.textcraft.launch`; TextWorld: every complete ``<delegate>`` block)."""
-    return BENCHMARKS[env].launch_spans(text) if env in BENCHMARKS else benchmark(env).launch_spans(text)
+    if env not in BENCHMARKS:
+        raise ValueError(f"env {env!r} is not one of {tuple(BENCHMARKS)}")
+    return BENCHMARKS[env].launch_spans(text)
 
 
 def roles_for(ids: Sequence[int], decode: Decode, text: str | None, env: str, kind: str) -> list[str]:

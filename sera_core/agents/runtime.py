@@ -270,7 +270,7 @@ class Runtime:
         self.external = external
         if (self.cfg.rubric_writer == "external" or self.cfg.scorer == "external") and external is None:
             raise ValueError("an external rubric writer or scorer needs the `external` actor")
-        self.judge = judge or self.benchmark.default_judge()
+        self.judge = judge or self.benchmark.make_judge()
         self.max_new_tokens = self.cfg.max_new_tokens or self.benchmark.max_new_tokens
         self.max_context = self.cfg.max_context_tokens or self.benchmark.max_context_tokens
         self._agents: dict[int, _Agent] = {}

@@ -42,6 +42,7 @@ from sera_core.envs.textcraft.launch import launch_spans as craft_launch_spans
 from sera_core.envs.textcraft.world import WorldConfig
 from sera_core.envs.textworld import expert as world_expert
 from sera_core.envs.textworld import tasks as world_tasks
+from sera_core.envs.textworld.data import ROOMS
 from sera_core.envs.textworld.env import TextWorldEnv
 from sera_core.envs.textworld.goals import check_goal
 from sera_core.envs.textworld.protocol import Delegation, delegate_spans, parse_reply
@@ -105,7 +106,6 @@ class Benchmark(Protocol):
     def after_mistake(self, held: str | None, current: str | None) -> str | None: ...
     def root_env(self, record: dict, *, max_steps: int, max_depth: int, child_max_steps: int) -> Any: ...
     def root_result(self, env: Any) -> tuple[bool, dict]: ...
-    def default_judge(self) -> Any: ...
 
 
 class TextCraftBenchmark:
@@ -313,9 +313,6 @@ class TextCraftBenchmark:
         check = env.check()
         return check.passed, {"reason": check.reason, "crafts": env.world.crafts}
 
-    @staticmethod
-    def default_judge():
-        return TextCraftVerifier()
 
 
 class TextWorldBenchmark:
@@ -388,14 +385,15 @@ class TextWorldBenchmark:
 
     @staticmethod
     def perturbation(observation: str | None, info: dict, rng: Random) -> str:
-        """A plausible mistake that changes nothing and spends no shared step (a refused
-        ``go to`` is free): going to the room the agent is in, or to a room by a wrong name
-        (``the kitchen``)."""
+        """A plausible mistake that changes nothing in the world (a refused ``go to``; like
+        every refused action it still spends one shared step): going to the room the agent
+        is in, or to a room by a wrong name (``the kitchen``: one of the four rooms every
+        task has)."""
         here = next((ln[len("Location: "):].strip() for ln in (observation or "").splitlines()
                      if ln.startswith("Location: ")), None)
         if here is not None and rng.random() < 0.5:
             return f"I go to the {here}.\n<action>go to {here}</action>"
-        room = rng.choice(("kitchen", "pantry", "garden", "supermarket"))
+        room = rng.choice(ROOMS[:4])
         return f"I go to the {room}.\n<action>go to the {room}</action>"
 
     @staticmethod
@@ -516,9 +514,6 @@ class TextWorldBenchmark:
         verdict = env.check()
         return bool(verdict["passed"]), _plain(verdict)
 
-    @staticmethod
-    def default_judge():
-        return TextWorldVerifier()
 
 
 BENCHMARKS: dict[str, type[Benchmark]] = {"textcraft": TextCraftBenchmark, "textworld": TextWorldBenchmark}

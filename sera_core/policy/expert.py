@@ -27,7 +27,7 @@ import json
 import random
 from typing import Any
 
-from sera_core.envs.registry import benchmark
+from sera_core.envs.registry import BENCHMARKS
 from sera_core.envs.textcraft.expert import ExpertConfig as CraftExpertConfig
 from sera_core.envs.textworld.expert import ExpertConfig as WorldExpertConfig
 from sera_core.policy.base import Generation
@@ -39,7 +39,7 @@ def _item_scores(rubric: Rubric, outcome: dict) -> tuple[bool, dict[str, float],
     """Gate, per-item scores and a reason from a child's outcome facts (see the runtime):
     the benchmark's expert table; items the expert did not write itself (e.g. the global
     rubric) get the gate's value."""
-    gate, table, reason = benchmark(outcome["env"]).expert_item_scores(outcome, {i.name for i in rubric.items})
+    gate, table, reason = BENCHMARKS[outcome["env"]].expert_item_scores(outcome, {i.name for i in rubric.items})
     scores = {item.name: table.get(item.name, 1.0 if gate else 0.0) for item in rubric.items}
     return gate, scores, reason
 
@@ -77,7 +77,7 @@ class ExpertPolicy:
             text, perturbed = self._act(call)
             meta = {"perturbation": True} if perturbed else {}
         elif call.kind == "rubric":
-            text = json.dumps(benchmark(call.info["env"]).expert_rubric(call.info), indent=1)
+            text = json.dumps(BENCHMARKS[call.info["env"]].expert_rubric(call.info), indent=1)
         else:
             text = json.dumps(expert_score(call.info["rubric"], call.info["outcome"]), indent=1)
         ids = self.chat.encode(text)
@@ -95,7 +95,7 @@ class ExpertPolicy:
         same state, and the transcript shows an error followed by a good move. The warm start
         learns those moves, never the mistake (its turn's meta says ``perturbation``)."""
         info = call.info
-        bench = benchmark(info["env"])
+        bench = BENCHMARKS[info["env"]]  # its hooks are static: no instance per call
         entry = self._agents.get(call.agent)
         if entry is None:
             entry = self._agents[call.agent] = [bench.expert_agent(getattr(self, info["env"]), info), 0, None]

@@ -268,9 +268,6 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise bad("clip_high", "must be a finite number > clip_low")
     if not (isinstance(cfg.betas, tuple) and len(cfg.betas) == 2 and all(_is_num(b) and 0 <= b < 1 for b in cfg.betas)):
         raise bad("betas", "must be two numbers in [0, 1)")
-    for key in ("leaf_gate_filter", "filter_zero_variance", "depth_weighting"):
-        if not isinstance(getattr(cfg, key), bool):
-            raise bad(key, "must be true or false")
     for key in ("method", "model", "tasks", "out"):
         if not (isinstance(getattr(cfg, key), str) and getattr(cfg, key)):
             raise bad(key, "must be a non-empty string")
