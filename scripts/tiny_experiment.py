@@ -1,23 +1,37 @@
-"""The tiny experiment: SERA vs SERA w/o RT from the same warm start, over seeds (not a test).
+"""The tiny experiment: SERA vs SERA w/o RT, with RAO as the reference, from the embedded warm start (not a test).
 
-For each seed and each arm (``sera``: 16:2:2; ``sera_wo_rt``: ``execution:16,delegation:2``,
-rubric generation never trained) the shipped tiny model is trained with
-``sera_core/configs/textcraft/sera_tiny.yaml`` for ``--steps`` updates, then measured:
+Every arm starts from the same embedded policy (SmolLM2-135M-Instruct + its LoRA warm start)
+and trains its LoRA matrices with ``sera_core/configs/textcraft/*_tiny.yaml`` (2 root tasks x
+4 trees per update, B = 8 counterfactual branches in rubric-generation updates, training
+tasks from the train world, never the val world) for ``--updates`` updates:
 
-* **held-out delegation points**: ``--points-tasks`` medium val tasks played at temperature
-  1 with counterfactual groups of 8 (the rubric written, the branches labelled by the
-  checker and scored against the rubric): the mean pairwise ranking accuracy over mixed
-  groups (SPEC 3), and how many mixed groups there were;
-* **root success** at temperature 0 on ``--eval-tasks`` easy val tasks;
-* **tokens trained** over the arm's updates (0 means the weights never moved: every group
-  had equal rewards and zero-variance filtering dropped it).
+* ``sera``: ``execution:8,delegation:1,rubric_generation:1``: the paper's 16:2:2 ratio
+  halved so that 30 updates reach the rubric stage 3 times (and the decomposition stage 3
+  times);
+* ``sera_wo_rt``: ``execution:8,delegation:1``: the same without rubric training (rubrics
+  are written from the prompt and never trained);
+* ``rao``: children rewarded by the external binary label, one stage (``rao_tiny.yaml``).
 
-The same measurement of the untrained model is the "before" row. Results are printed as a
-Markdown table with means and 95% confidence intervals over seeds (normal approximation,
-``1.96 * std / sqrt(n)``) and written to ``OUT/results.json``.
+Before and after training, on held-out material:
 
-Run (about 30 minutes of CPU per arm and seed at the defaults):
-``.venv/bin/python scripts/tiny_experiment.py --seeds 0 1 2 --steps 40 --out runs/tiny_experiment``.
+* **rubric ranking** on a fixed set of held-out delegation points
+  (:mod:`sera_core.eval.points`: the noisy expert's mixed counterfactual groups of B = 8 on
+  the last ``--points-tasks`` medium val tasks): the policy writes each rubric at
+  temperature 1 and scores the stored branches; pairwise accuracy and ranking loss;
+* **root success** at temperature 0 on ``--eval-tasks`` val tasks (half easy, half medium),
+  under the evaluation contract except the per-turn cap ``--eval-max-new-tokens``
+  (``sera eval``'s evaluator; resumable);
+* from each run's ``metrics.csv``: tokens trained per stage, the share of counterfactual
+  groups that were mixed, delegations per tree, and the curves.
+
+Each unit of work (a run's training, a model's measurement) writes its result file when it
+ends and is skipped when that file exists; training and evaluation resume inside a unit, so
+the script can be killed and restarted at any point. ``--report`` only writes the table
+(means ± 95% intervals over seeds, ``1.96 * std / sqrt(n)``), ``OUT/results.json`` and the
+figure ``OUT/tiny_experiment.png`` (``--figures DIR`` copies it there) from what is done.
+
+Run in the background (hours on 2 cores; see README "The tiny experiment"):
+``nohup .venv/bin/python scripts/tiny_experiment.py --out runs/tiny_experiment > runs/tiny_experiment.log 2>&1 &``.
 """
 
 from __future__ import annotations
@@ -25,29 +39,113 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
+import time
 from pathlib import Path
 from statistics import fmean, stdev
 
-from sera_core.agents.actors import PolicyActor
-from sera_core.agents.runtime import Runtime, RuntimeConfig
-from sera_core.agents.summary import summarize
-from sera_core.envs.textcraft.tasks import generate_split
-from sera_core.train.config import CONFIGS, load_config
-from sera_core.train.trainer import Trainer
-
-ARMS = {"sera": "execution:16,delegation:2,rubric_generation:2", "sera_wo_rt": "execution:16,delegation:2"}
+ARMS = {
+    "sera": ("textcraft/sera_tiny.yaml", "execution:8,delegation:1,rubric_generation:1"),
+    "sera_wo_rt": ("textcraft/sera_tiny.yaml", "execution:8,delegation:1"),
+    "rao": ("textcraft/rao_tiny.yaml", None),
+}
+LABELS = {"before": "warm start (no RL)", "sera": "SERA", "sera_wo_rt": "SERA w/o RT", "rao": "RAO"}
 
 
-def measure(policy, points_tasks: list[dict], eval_tasks: list[dict], seed: int) -> dict:
-    """Pairwise accuracy on held-out delegation points and root success (module docstring)."""
-    groups = summarize(Runtime("textcraft", PolicyActor(policy), RuntimeConfig(counterfactual=8, seed=seed)).run(points_tasks))
-    greedy = RuntimeConfig(temperature=0.0, rubric_temperature=0.0, seed=seed)
-    success = summarize(Runtime("textcraft", PolicyActor(policy), greedy).run(eval_tasks))["root_success_rate"]
-    return {"pairwise_accuracy": groups["mean_pairwise_accuracy"], "mixed_groups": groups["groups"]["valid"],
-            "delegations": groups["delegations"], "root_success": success}
+def write_json(path: Path, value: dict) -> None:
+    """Write ``value`` atomically (a temporary file renamed into place)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(value, indent=1) + "\n")
+    tmp.replace(path)
 
 
-def interval(values: list[float]) -> str:
+def held_out(args) -> tuple[list, list[dict]]:
+    """The fixed delegation points (built once into ``OUT/points.jsonl``) and the eval tasks."""
+    from sera_core.agents.summary import read_points
+    from sera_core.course import pick_tasks
+    from sera_core.eval.points import heldout_points
+    from sera_core.utils.jsonio import write_jsonl
+
+    path = Path(args.out) / "points.jsonl"
+    if not path.exists():
+        medium = pick_tasks("textcraft", "val", difficulty="medium")
+        points = heldout_points("textcraft", medium[-args.points_tasks:])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_jsonl(path.with_suffix(".tmp"), [p.to_json() for p in points])
+        path.with_suffix(".tmp").replace(path)
+    half = args.eval_tasks // 2
+    tasks = pick_tasks("textcraft", "val", difficulty=("easy", "medium"), per_level=half)
+    return read_points(path), tasks[:args.eval_tasks]
+
+
+def measure(spec: str, name: str, seed: int, points: list, tasks: list[dict], args, method: str | None) -> dict:
+    """Rescore the points (runtime seed ``seed``) and evaluate root success, once per file."""
+    from sera_core.agents.actors import make_actor
+    from sera_core.agents.runtime import Runtime, RuntimeConfig
+    from sera_core.eval.evaluator import EvalConfig, evaluate
+    from sera_core.eval.points import point_metrics
+
+    out = Path(args.out) / name
+    done = out / f"measure_seed{seed}.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    t0, c0 = time.time(), time.process_time()
+    actor = make_actor(spec)
+    print(f"[{time.strftime('%H:%M:%S')}] {name} seed {seed}: rescoring {len(points)} held-out points", flush=True)
+    rescored = Runtime("textcraft", actor, RuntimeConfig(seed=seed)).rescore_all(points, progress=True)
+    result = {"points": point_metrics(rescored), "seconds_points": round(time.time() - t0, 1)}
+    evaluated = out / "eval_summary.json"  # temperature 0: the same for every seed, evaluated once per model
+    if not evaluated.exists():
+        cfg = EvalConfig("textcraft", label=f"SmolLM2-135M + LoRA (CPU), tiny experiment: {LABELS.get(name, name)}",
+                         method=method, policy=spec, max_new_tokens=args.eval_max_new_tokens)
+        print(f"[{time.strftime('%H:%M:%S')}] {name}: evaluating {len(tasks)} val tasks", flush=True)
+        write_json(evaluated, evaluate(tasks, actor, out / "eval", cfg, resume=True))
+    summary = json.loads(evaluated.read_text())
+    result |= {"root_success": summary["average"]["mean"] / 100.0,
+               "by_difficulty": {d: v["mean"] for d, v in summary["by_difficulty"].items()},
+               "eval_tasks": summary["tasks"], "seconds": round(time.time() - t0, 1),
+               "cpu_seconds": round(time.process_time() - c0, 1)}
+    write_json(done, result)
+    return result
+
+
+def train(arm: str, seed: int, args) -> Path:
+    """Train one arm for one seed (resumes); its run folder."""
+    from sera_core.train.config import load_config
+    from sera_core.train.trainer import Trainer
+
+    config, schedule = ARMS[arm]
+    run = Path(args.out) / f"{arm}_seed{seed}"
+    overrides = {"total_updates": args.updates, "seed": seed, "out": str(run), "method": arm}
+    if schedule is not None:
+        overrides["schedule"] = schedule
+    if (run / "train_done.json").exists():
+        return run
+    t0, c0 = time.time(), time.process_time()
+    print(f"[{time.strftime('%H:%M:%S')}] training {arm} seed {seed}: {args.updates} updates", flush=True)
+    Trainer(load_config(config, **overrides)).run(resume=True)
+    write_json(run / "train_done.json", {"seconds": round(time.time() - t0, 1), "cpu_seconds": round(time.process_time() - c0, 1)})
+    return run
+
+
+def training_stats(run: Path) -> dict:
+    """Tokens trained per stage, mixed counterfactual groups, delegations per tree, curves."""
+    import pandas as pd
+
+    m = pd.read_csv(run / "metrics.csv")
+    groups = int(m["groups"].fillna(0).sum())
+    return {"tokens_by_stage": {s: int(v) for s, v in m.groupby("stage")["tokens_trained"].sum().items()},
+            "tokens_trained": int(m["tokens_trained"].sum()),
+            "mixed_group_share": round(float(m["groups_valid"].fillna(0).sum()) / groups, 4) if groups else None,
+            "delegations_per_tree": round(float(m["delegations"].sum()) / float(m["trees"].sum()), 4),
+            "train_pairwise_accuracy": [None if pd.isna(v) else float(v) for v in m["pairwise_accuracy"]],
+            "curve_root_success": [float(v) for v in m["root_success"]],
+            "curve_tokens": [int(v) for v in m["tokens_trained"]],
+            "stages": list(m["stage"]), "seconds_per_update": round(float(m["seconds"].mean()), 1)}
+
+
+def interval(values: list) -> str:
     values = [v for v in values if v is not None]
     if not values:
         return "-"
@@ -56,37 +154,104 @@ def interval(values: list[float]) -> str:
     return f"{fmean(values):.3f} ± {1.96 * stdev(values) / math.sqrt(len(values)):.3f}"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=40, help="updates per arm and seed")
-    parser.add_argument("--points-tasks", type=int, default=8, help="medium val tasks played with counterfactual groups")
-    parser.add_argument("--eval-tasks", type=int, default=24, help="easy val tasks evaluated at temperature 0")
-    parser.add_argument("--out", default="runs/tiny_experiment")
-    args = parser.parse_args()
-    val = generate_split("val")
-    points_tasks = [t for t in val if t["misc"]["difficulty"] == "medium"][:args.points_tasks]
-    eval_tasks = [t for t in val if t["misc"]["difficulty"] == "easy"][:args.eval_tasks]
-    out = Path(args.out)
-    results: dict[str, list[dict]] = {"before": [], **{arm: [] for arm in ARMS}}
-    for seed in args.seeds:
-        for arm, schedule in ARMS.items():
-            cfg = load_config(CONFIGS / "textcraft" / "sera_tiny.yaml", schedule=schedule, total_updates=args.steps,
-                              seed=seed, out=str(out / f"{arm}_seed{seed}"), method=arm)
-            trainer = Trainer(cfg)
-            if arm == "sera":  # the warm start both arms share, measured once per seed
-                results["before"].append(measure(trainer.policy, points_tasks, eval_tasks, seed))
-            trainer.run(resume=True)
-            results[arm].append(measure(trainer.policy, points_tasks, eval_tasks, seed)
-                                | {"tokens_trained": trainer.counters["tokens_trained"]})
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "results.json").write_text(json.dumps(results, indent=1))
-    print("\n| model | pairwise accuracy (held-out points) | mixed groups | delegations | root success (easy val) "
-          "| tokens trained |\n|---|---|---|---|---|---|")
+def report(results: dict, args) -> str:
+    """The Markdown table of ``results`` (one row per model; means ± 95% intervals over seeds)."""
+    lines = ["| model | seeds | pairwise accuracy (held-out points) | ranking loss | root success (val) | easy | medium "
+             "| tokens trained (exec / deleg / rubric) | mixed groups | delegations / tree |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, rows in results.items():
-        print(f"| {name} | {interval([r['pairwise_accuracy'] for r in rows])} | "
-              f"{interval([r['mixed_groups'] for r in rows])} | {interval([r['delegations'] for r in rows])} | "
-              f"{interval([r['root_success'] for r in rows])} | {interval([r.get('tokens_trained') for r in rows])} |")
+        if not rows:
+            continue
+        tokens = "-"
+        if any("tokens_by_stage" in r for r in rows):
+            by = [r.get("tokens_by_stage", {}) for r in rows]
+            tokens = " / ".join(f"{fmean([b.get(s, 0) for b in by]):,.0f}" for s in ("execution", "delegation", "rubric_generation"))
+        lines.append(
+            f"| {LABELS[name]} | {len(rows)} | {interval([r['points']['pairwise_accuracy'] for r in rows])} | "
+            f"{interval([r['points']['ranking_loss'] for r in rows])} | {interval([r['root_success'] for r in rows])} | "
+            f"{interval([r['by_difficulty'].get('easy', 0) / 100 for r in rows])} | "
+            f"{interval([r['by_difficulty'].get('medium', 0) / 100 for r in rows])} | {tokens} | "
+            f"{interval([r.get('mixed_group_share') for r in rows])} | {interval([r.get('delegations_per_tree') for r in rows])} |")
+    return "\n".join(lines)
+
+
+def figure(results: dict, path: Path) -> None:
+    """Training curves (root success, tokens trained per update; mean over seeds) and the
+    before/after held-out measures per arm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
+    for k, arm in enumerate(ARMS):
+        rows = [r for r in results.get(arm, []) if "curve_root_success" in r]
+        if not rows:
+            continue
+        n = min(len(r["curve_root_success"]) for r in rows)
+        for ax, key in ((axes[0], "curve_root_success"), (axes[1], "curve_tokens")):
+            ax.plot(range(n), [fmean([r[key][i] for r in rows]) for i in range(n)], label=LABELS[arm], color=f"C{k}")
+    axes[0].set(title="root success while training (mean over seeds)", xlabel="update", ylim=(-0.05, 1.05))
+    axes[1].set(title="tokens trained per update", xlabel="update")
+    names = [n for n in ("before", *ARMS) if results.get(n)]
+    for j, metric in enumerate(("pairwise_accuracy", "root_success")):
+        means = [fmean([(r["points"][metric] if metric == "pairwise_accuracy" else r[metric]) or 0 for r in results[n]])
+                 for n in names]
+        axes[2].bar([i + 0.4 * j for i in range(len(names))], means, width=0.4,
+                    label="held-out pairwise accuracy" if j == 0 else "val root success")
+    axes[2].set_xticks([i + 0.2 for i in range(len(names))], [LABELS[n] for n in names], fontsize=8)
+    axes[2].set(title="held-out measures", ylim=(0, 1.05))
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def collect(args, points, tasks, run_missing: bool) -> dict:
+    results: dict[str, list[dict]] = {"before": [], **{arm: [] for arm in ARMS}}
+    out = Path(args.out)
+    for seed in args.seeds:
+        if run_missing or (out / "before" / f"measure_seed{seed}.json").exists():
+            results["before"].append(measure("tiny", "before", seed, points, tasks, args, None))
+        for arm in args.arms:
+            run = out / f"{arm}_seed{seed}"
+            if not run_missing and not (run / f"measure_seed{seed}.json").exists():
+                continue
+            train(arm, seed, args)
+            row = measure(f"hf:{run}", f"{arm}_seed{seed}", seed, points, tasks, args, arm)
+            results[arm].append(row | training_stats(run))
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--updates", type=int, default=30, help="updates per arm and seed")
+    parser.add_argument("--points-tasks", type=int, default=24, help="medium val tasks whose mixed groups are the held-out points")
+    parser.add_argument("--eval-tasks", type=int, default=100, help="val tasks evaluated at temperature 0 (half easy, half medium)")
+    parser.add_argument("--eval-max-new-tokens", type=int, default=256,
+                        help="per-turn completion cap in the evaluation (the contract's is 512; the tiny configs train at 256)")
+    parser.add_argument("--out", default="runs/tiny_experiment")
+    parser.add_argument("--report", action="store_true", help="only write the table and figure from what is done")
+    parser.add_argument("--figures", default=None, help="also copy the figure into this folder (e.g. figures)")
+    args = parser.parse_args()
+    out = Path(args.out)
+    points, tasks = held_out(args)
+    print(f"{len(points)} held-out points, {len(tasks)} eval tasks", flush=True)
+    results = collect(args, points, tasks, run_missing=not args.report)
+    table = report(results, args)
+    write_json(out / "results.json", {"arms": {a: ARMS[a][1] or "execution:1" for a in ARMS}, "updates": args.updates,
+                                      "seeds": args.seeds, "points": len(points), "eval_tasks": len(tasks),
+                                      "results": results})
+    (out / "table.md").write_text(table + "\n")
+    figure(results, out / "tiny_experiment.png")
+    if args.figures:
+        shutil.copy(out / "tiny_experiment.png", Path(args.figures) / "tiny_experiment.png")
+    print(table)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ Subcommands (later issues add more):
   (:mod:`sera_core.eval.evaluator`); prints the summary (and tasks per minute).
 * ``sera tables [--runs DIR] [--out figures]``: the paper's tables (CSV, Markdown) and
   plots from the published numbers, your evaluations beside them (:mod:`sera_core.report`).
-* ``sera train --config FILE [--dry-run] [--resume] [--total-updates N] [--out DIR]``: train
+* ``sera train --config FILE [--dry-run] [--resume] [--total-updates N] [--out DIR] [--set KEY=VALUE ...]``: train
   a method (``sera_core/configs/<env>/<method>_<scale>.yaml``); ``--dry-run`` validates
   the config and prints the plan without loading a model.
 
@@ -32,6 +32,7 @@ it stays one module.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import sys
@@ -263,11 +264,31 @@ def cmd_tiny(args: argparse.Namespace) -> dict[str, Any]:
     return {"action": "measure", "model": str(model), **results}
 
 
+def _setting(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` of ``--set``: the value read as YAML (``[easy]`` is a list, ``8`` an int),
+    and a plain word that Python reads as a number is that number (YAML 1.1 reads ``2e-4`` as text)."""
+    import yaml
+
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise CommandError(f"--set takes KEY=VALUE, got {text!r}")
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError as exc:
+        raise CommandError(f"--set {key.strip()}: the value is not YAML ({exc})") from None
+    if isinstance(parsed, str):
+        with contextlib.suppress(ValueError):
+            parsed = float(parsed)
+    return key.strip(), parsed
+
+
 def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
     from sera_core.train.config import load_config
     from sera_core.train.trainer import Trainer, plan
 
-    overrides = {"out": str(args.out)} if args.out else {}
+    overrides = dict(_setting(text) for text in args.set or [])
+    if args.out:
+        overrides["out"] = str(args.out)
     cfg = load_config(args.config, **overrides)
     if args.total_updates is not None:
         if args.total_updates < 1:
@@ -419,6 +440,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--total-updates", "--max-steps", type=int, dest="total_updates",
                    help="override the config's number of optimizer updates (--max-steps: its former name)")
     p.add_argument("--out", type=Path, help="override the config's run folder")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override any config key (repeatable; the value is read as YAML, e.g. --set difficulties=[easy]); "
+                        "checked like the file's keys before any work")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("export", help="write a training checkpoint's model as a Hugging Face folder")

@@ -139,6 +139,46 @@ def test_counterfactual_groups_textcraft(tokenizer, val_tasks):
     assert all(len({json.dumps(p.state_before, sort_keys=True)}) == 1 for p in points)
 
 
+def test_rescoring_a_point_keeps_its_branches_and_redoes_rubric_and_scores(tokenizer, val_tasks):
+    """A fixed set of points, scored again: the same writer and scorer give back the same
+    rubric, scores and ranking; another policy's rubric and scores are its own, on the same
+    branches; the rubric prompt is exactly what the first writer read."""
+    from sera_core.agents.points import DelegationPoint
+    from sera_core.agents.prompts import rubric_messages
+
+    actor = ExpertPolicy(tokenizer, textcraft=tc_expert.ExpertConfig(mode="delegate", waste=0.3, early_finish=0.1))
+    rollouts = Runtime("textcraft", actor, RuntimeConfig(counterfactual=8)).run(pick(val_tasks, "medium", 2))
+    points = [DelegationPoint.from_json(json.loads(json.dumps(p.to_json()))) for r in rollouts for p in r.points]
+    assert points and any(not p.ranking.skipped for p in points)
+    for p in points:
+        tree = next(r.tree for r in rollouts if r.tree.tree_id == p.tree_id)
+        written = tree.nodes[p.parent_id].turns[p.rubric_turn]
+        assert actor.chat.prompt(rubric_messages(p.rubric_call["prompt"])) == written.prompt_ids
+    again = Runtime("textcraft", actor, RuntimeConfig(seed=5)).rescore_all(points)
+    for p, q in zip(points, again, strict=True):
+        assert (q.rubric, q.scores, q.labels, q.ranking) == (p.rubric, p.scores, p.labels, p.ranking)
+        assert [b.tree for b in q.branches] == [b.tree for b in p.branches]
+        assert DelegationPoint.from_json(json.loads(json.dumps(q.to_json()))) == q
+    # a policy that writes one fixed rubric and claims every criterion met: every finished
+    # branch scores 1 and an unfinished one is a forced 0, whatever the judge said
+    rubric_text = json.dumps(GLOBAL_RUBRIC.to_json())
+
+    def script(prompt: str) -> str:
+        if "Sub-agent trajectory" not in prompt:
+            return rubric_text
+        return json.dumps({"success": True, "final_score": 1.0, "reason": "all met", "criterion_scores": [
+            {"name": it.name, "score": 1.0, "reason": "met"} for it in GLOBAL_RUBRIC.items]})
+
+    other = Runtime("textcraft", PolicyActor(ScriptedPolicy(tokenizer, script))).rescore_all(points)
+    for p, q in zip(points, other, strict=True):
+        assert q.rubric == GLOBAL_RUBRIC.to_json() and q.labels == p.labels
+        assert q.scores == pytest.approx([1.0 if b.finished and (b.tree.root.result.get("finish_message") or "").strip() else 0.0
+                                          for b in p.branches])
+    stale = replace(points[0], rubric_call={})
+    with pytest.raises(ValueError, match="cannot be rescored"):
+        Runtime("textcraft", actor).rescore_all([stale])
+
+
 def test_counterfactual_groups_textworld_and_fork_cap(tokenizer):
     actor = ExpertPolicy(tokenizer, textworld=tw_expert.ExpertConfig(mode="delegate", mistake=0.15, early_finish=0.05))
     tasks = [tw_task("load_balanced", "medium"), tw_task("critical_path", "hard")]

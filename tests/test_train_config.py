@@ -58,6 +58,17 @@ def test_full_plan_matches_the_paper(capsys):
     assert tw["context_tokens"] == 13312 and tw["max_new_tokens"] == 3072 and tw["updates"] == 400
 
 
+def test_set_overrides_any_key_and_is_checked_before_work(capsys):
+    args = ["train", "--config", "textcraft/sera_tiny.yaml", "--dry-run"]
+    assert main([*args, "--set", "difficulties=[easy]", "--set", "max_new_tokens=128", "--set", "lr=2e-4"]) == 0
+    p = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert p["max_new_tokens"] == 128 and p["lr"] == 2e-4
+    for bad, says in (("difficulties=[impossible]", "difficulties"), ("lrr=1", "lrr"), ("lr", "KEY=VALUE"),
+                      ("max_new_tokens=[1", "not YAML")):
+        assert main([*args, "--set", bad]) == 2
+        assert says in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
+
+
 def write(tmp_path, text: str):
     path = tmp_path / "c.yaml"
     path.write_text(text)

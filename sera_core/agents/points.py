@@ -49,20 +49,26 @@ class Branch:
     """Why there is no score (``no valid rubric`` or the parse error)."""
     score_turn: Turn | None
     """The scoring call's turn (None for a forced zero or an external scorer)."""
+    score_inputs: dict = field(default_factory=dict)
+    """What a scoring call reads besides the rubric and the branch's trajectory:
+    ``final_state`` (the text the score prompt shows) and ``outcome`` (the expert scorer's
+    facts), so the branch can be scored again against another rubric (:mod:`sera_core.agents.replay`)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"branch": self.branch, "tree": self.tree.to_json(), "finished": self.finished, "steps": self.steps,
                 "end": self.end, "state_after": self.state_after, "label": self.label,
                 "label_reason": self.label_reason, "score": asdict(self.score) if self.score is not None else None,
                 "score_error": self.score_error,
-                "score_turn": self.score_turn.to_json() if self.score_turn is not None else None}
+                "score_turn": self.score_turn.to_json() if self.score_turn is not None else None,
+                "score_inputs": self.score_inputs}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Branch:
         return cls(data["branch"], Tree.from_json(data["tree"]), data["finished"], data["steps"], data["end"],
                    data["state_after"], data["label"], data["label_reason"],
                    Score(**data["score"]) if data["score"] is not None else None, data["score_error"],
-                   Turn.from_json(data["score_turn"]) if data["score_turn"] is not None else None)
+                   Turn.from_json(data["score_turn"]) if data["score_turn"] is not None else None,
+                   data.get("score_inputs", {}))
 
 
 @dataclass
@@ -92,6 +98,9 @@ class DelegationPoint:
     branches: list[Branch] = field(default_factory=list)
     ranking: RankingResult | None = None
     """The ranking loss of :attr:`scores` against :attr:`labels` (its reward is -L_rank)."""
+    rubric_call: dict = field(default_factory=dict)
+    """The rubric-writing call: its ``prompt`` text and the ``info`` the expert writer reads,
+    so the rubric can be written again by another policy (:mod:`sera_core.agents.replay`)."""
 
     @property
     def labels(self) -> list[bool | None]:
@@ -110,7 +119,7 @@ class DelegationPoint:
                 "launch_step": self.launch_step, "parent_prefix": self.parent_prefix, "subtask": self.subtask,
                 "rubric": self.rubric, "rubric_error": self.rubric_error, "rubric_turn": self.rubric_turn,
                 "state_before": self.state_before, "branches": [b.to_json() for b in self.branches],
-                "labels": self.labels, "scores": self.scores, "ranking": ranking}
+                "labels": self.labels, "scores": self.scores, "ranking": ranking, "rubric_call": self.rubric_call}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DelegationPoint:
@@ -121,4 +130,5 @@ class DelegationPoint:
                    data["event_id"], data["launch_step"], data["parent_prefix"], data["subtask"], data["rubric"],
                    data["rubric_error"], data["rubric_turn"], data["state_before"],
                    [Branch.from_json(b) for b in data["branches"]],
-                   None if ranking is None else RankingResult(**{k: v for k, v in ranking.items() if k != "reward"}))
+                   None if ranking is None else RankingResult(**{k: v for k, v in ranking.items() if k != "reward"}),
+                   data.get("rubric_call", {}))

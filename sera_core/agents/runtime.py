@@ -57,7 +57,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -332,6 +332,58 @@ class Runtime:
         worker thread and waits; ``await rollouts(...)`` avoids that thread."""
         return run_sync(lambda: self.rollouts(records, trees=trees, progress=progress, part=part))
 
+    async def rescore(self, point: DelegationPoint) -> DelegationPoint:
+        """The same delegation point with this runtime's rubric writer and scorer.
+
+        The branches stay as they were played (trajectories, final states, judge labels);
+        the rubric is written again from the point's stored rubric prompt (at
+        ``rubric_temperature``; seed ``derive_seed(seed, "rescore", tree_id, child_id)``),
+        every branch is scored against it exactly as the runtime scores a child (a branch that
+        did not finish, or finished with no report, gets a forced zero without a call), and
+        the ranking loss is recomputed. A fixed set of points scored by two policies measures
+        their rubric writing and scoring alone, on the same branches (the tiny experiment's
+        held-out points). Points written before the calls were stored cannot be rescored."""
+        if (self.cfg.rubric_writer != "global" and not point.rubric_call) \
+                or any("final_state" not in b.score_inputs for b in point.branches):
+            raise ValueError(f"delegation point {point.tree_id}/{point.child_id} holds no rubric call or score "
+                             "inputs (written by an older version): it cannot be rescored")
+        key = f"rescore/{point.tree_id}/{point.child_id}"
+        rubric, error = GLOBAL_RUBRIC, None
+        if self.cfg.rubric_writer != "global":
+            seed = derive_seed(self.cfg.seed, "rescore", point.tree_id, point.child_id)
+            text, _, _ = await self._ask_rubric(point.rubric_call, seed, key, point.child_id)
+            parsed = parse_rubric(text)
+            rubric, error = parsed.value if parsed.ok else None, parsed.error
+        scored = await asyncio.gather(*(
+            self._score(b.tree.root, rubric, {"finished": b.finished, "end": b.end, **b.score_inputs},
+                        key=f"{key}/b{b.branch}", detached=True)
+            for b in point.branches))
+        branches = [replace(b, score=s if isinstance(s, Score) else None,
+                            score_error=None if isinstance(s, Score) else (s.error if s else "no valid rubric"),
+                            score_turn=turn)
+                    for b, (s, turn) in zip(point.branches, scored, strict=True)]
+        out = replace(point, rubric=rubric.to_json() if rubric is not None else None,
+                      rubric_error=None if rubric is not None else error, rubric_turn=None, branches=branches)
+        out.ranking = ranking_loss(out.scores, out.labels)
+        return out
+
+    def rescore_all(self, points: Sequence[DelegationPoint], *, progress: bool = False) -> list[DelegationPoint]:
+        """:meth:`rescore` of every point, all concurrently (batched through one actor), in input order."""
+        bar = tqdm(total=len(points), desc="rescore points", disable=not progress)
+
+        async def one(point: DelegationPoint) -> DelegationPoint:
+            out = await self.rescore(point)
+            bar.update(1)
+            return out
+
+        async def every() -> list[DelegationPoint]:
+            return list(await asyncio.gather(*(one(p) for p in points)))
+
+        try:
+            return run_sync(every)
+        finally:
+            bar.close()
+
     # -- agents ------------------------------------------------------------------------
     async def _run_agent(self, env: Any, node: Node, scope: _Scope) -> dict:
         """Run one agent to its end; record its turns on ``node``; return its outcome."""
@@ -394,11 +446,11 @@ class Runtime:
         a, cfg, scope = self.benchmark, self.cfg, parent.scope
         goal = a.spec_goal(parent.env, spec)
         node = scope.tree.add_child(parent.node.node_id, goal, parent.act_index, meta={"spec": a.spec_json(spec)})
-        rubric = await self._write_rubric(parent, node, spec, goal)
+        rubric, rubric_call = await self._write_rubric(parent, node, spec, goal)
         group = cfg.counterfactual and not scope.in_branch
         if group and scope.shared.forks + cfg.counterfactual <= cfg.fork_cap:
             scope.shared.forks += cfg.counterfactual
-            child = await self._branch_group(parent, node, spec, goal, rubric)
+            child = await self._branch_group(parent, node, spec, goal, rubric, rubric_call)
         elif cfg.select > 1 and scope.shared.forks + cfg.select <= cfg.select_fork_cap:
             scope.shared.forks += cfg.select
             child = await self._select(parent, node, spec, goal, rubric)
@@ -432,37 +484,45 @@ class Runtime:
             child_tools=tools_text(a.name, depth + 1 < env.max_depth), child_budget=a.child_budget(env, spec),
         )
 
-    async def _write_rubric(self, parent: _Agent, node: Node, spec: Any, goal: str) -> Rubric | None:
-        """Write, parse and freeze the child's rubric (before the child exists)."""
+    async def _write_rubric(self, parent: _Agent, node: Node, spec: Any, goal: str) -> tuple[Rubric | None, dict]:
+        """Write, parse and freeze the child's rubric (before the child exists); also the call
+        (``prompt`` and ``info``) that wrote it, for the delegation point (empty: global rubric)."""
         cfg = self.cfg
         if cfg.rubric_writer == "global":
             node.rubric, node.meta["rubric_source"] = GLOBAL_RUBRIC.to_json(), "global"
-            return GLOBAL_RUBRIC
+            return GLOBAL_RUBRIC, {}
         inputs = self._rubric_inputs(parent, spec, goal)
-        prompt_text = build_rubric_prompt(inputs, max_section_chars=cfg.max_section_chars)
-        actor = self.external if cfg.rubric_writer == "external" else self.actor
-        info = {"env": self.benchmark.name, "subtask": goal, "inputs": asdict(inputs), **self.benchmark.spec_json(spec)}
-        params = SamplingParams(temperature=cfg.rubric_temperature, max_new_tokens=cfg.call_max_new_tokens,
-                                seed=derive_seed(parent.seed, "rubric", node.node_id))
-        messages = rubric_messages(prompt_text)
-        ids = actor.chat.prompt(messages) if actor.chat is not None else []
-        gen = await actor.complete(Call("rubric", ids, params, f"{parent.key}>{node.node_id}", info=info,
-                                        messages=messages))
-        if actor is self.actor:
-            turn = build_turn("rubric", ids, gen.token_ids, gen.logprobs, actor.chat.decode, self.benchmark.name,
-                              meta={"child": node.node_id})
+        call = {"prompt": build_rubric_prompt(inputs, max_section_chars=cfg.max_section_chars),
+                "info": {"env": self.benchmark.name, "subtask": goal, "inputs": asdict(inputs),
+                         **self.benchmark.spec_json(spec)}}
+        text, turn, meta = await self._ask_rubric(call, derive_seed(parent.seed, "rubric", node.node_id),
+                                                  f"{parent.key}>{node.node_id}", node.node_id)
+        if turn is not None:
             parent.node.turns.append(turn)
             node.meta["rubric_turn"] = len(parent.node.turns) - 1
-            text = turn.text
         else:
-            text = gen.text
-            node.meta.update(rubric_source="external", rubric_raw=text, rubric_call=gen.meta)
+            node.meta.update(rubric_source="external", rubric_raw=text, rubric_call=meta)
         parsed = parse_rubric(text)
         if parsed.ok:
             node.rubric = parsed.value.to_json()
-            return parsed.value
+            return parsed.value, call
         node.rubric_error = parsed.error
-        return None
+        return None, call
+
+    async def _ask_rubric(self, call: dict, seed: int, key: str, child_id: str) -> tuple[str, Any, dict]:
+        """One rubric-writing call (``call``: its ``prompt`` text and ``info``) by the policy or
+        the external writer: ``(text, turn, meta)``; ``turn`` is None for the external writer."""
+        actor = self.external if self.cfg.rubric_writer == "external" else self.actor
+        params = SamplingParams(temperature=self.cfg.rubric_temperature, max_new_tokens=self.cfg.call_max_new_tokens,
+                                seed=seed)
+        messages = rubric_messages(call["prompt"])
+        ids = actor.chat.prompt(messages) if actor.chat is not None else []
+        gen = await actor.complete(Call("rubric", ids, params, key, info=call["info"], messages=messages))
+        if actor is not self.actor:
+            return gen.text, None, gen.meta
+        turn = build_turn("rubric", ids, gen.token_ids, gen.logprobs, actor.chat.decode, self.benchmark.name,
+                          meta={"child": child_id})
+        return turn.text, turn, gen.meta
 
     async def _score(self, node: Node, rubric: Rubric | None, child: dict, *, key: str, detached: bool = False):
         """The child's score against the frozen rubric: ``(Score | Parsed | None, turn | None)``.
@@ -551,7 +611,8 @@ class Runtime:
         return children[best]
 
     # -- counterfactual groups -----------------------------------------------------------
-    async def _branch_group(self, parent: _Agent, node: Node, spec: Any, goal: str, rubric: Rubric | None):
+    async def _branch_group(self, parent: _Agent, node: Node, spec: Any, goal: str, rubric: Rubric | None,
+                            rubric_call: dict):
         """B branches of one sub-goal on forked worlds; branch 0 is the real child."""
         a, b_count, scope = self.benchmark, self.cfg.counterfactual, parent.scope
         state_before = a.world_json(parent.env)
@@ -582,13 +643,15 @@ class Runtime:
             branches.append(Branch(
                 b, branch_tree, children[b]["finished"], children[b]["outcome"]["steps"], children[b]["end"],
                 a.world_json(envs[b]), labels[b][0], labels[b][1], score if isinstance(score, Score) else None,
-                None if isinstance(score, Score) else (score.error if score else "no valid rubric"), turn))
+                None if isinstance(score, Score) else (score.error if score else "no valid rubric"), turn,
+                {"final_state": children[b]["final_state"], "outcome": children[b]["outcome"]}))
         act = parent.node.turns[parent.act_index]
         point = DelegationPoint(
             scope.tree.tree_id, a.name, scope.tree.task_id, parent.node.node_id, node.node_id, node.event_id,
             node.launch_step, {"prompt_ids": list(act.prompt_ids), "completion_ids": list(act.completion_ids),
                                "text": render_trajectory(parent.node, parent.act_index)},
-            goal, node.rubric, node.rubric_error, node.meta.get("rubric_turn"), state_before, branches)
+            goal, node.rubric, node.rubric_error, node.meta.get("rubric_turn"), state_before, branches,
+            rubric_call=rubric_call)
         point.ranking = ranking_loss(point.scores, point.labels)
         scope.shared.points.append(point)
         return children[0]

@@ -1,0 +1,75 @@
+"""Held-out delegation points: a fixed set on which to measure rubric writing and scoring.
+
+Training moves the policy, so the delegation points it meets in its own rollouts change
+with it; comparing two models' pairwise accuracy on their own rollouts mixes how well they
+*rank* with which branches they happened to play. This module fixes the branches:
+
+* :func:`heldout_points` plays root tasks with the noisy expert (seeded mistakes, so some
+  branches fail) with counterfactual groups of ``B`` and keeps the *mixed* groups (both
+  outcomes among the branches): only those carry a ranking signal (SPEC 3). The points are
+  the same bytes on every run (the expert and the runtime are seeded).
+* :meth:`~sera_core.agents.runtime.Runtime.rescore` lets any policy write the rubric from
+  the stored prompt (temperature ``rubric_temperature``, 1 by default) and score every stored
+  branch against it; :func:`point_metrics` summarises the result:
+
+  - pairwise accuracy of a group: the share of (success, failure) branch pairs whose scores
+    are in the right order, ties counting 1/2
+    (:func:`~sera_core.rubrics.ranking_loss`);
+  - ranking loss ``L_rank = mean over those pairs of max(0, margin - (s_succ - s_fail))``,
+    margin 0.2 (the rubric writer's reward is ``-L_rank``);
+  - both averaged over the groups, with a 95% interval ``1.96 * std / sqrt(n)`` (normal
+    approximation over groups), and the share of rubrics and scores that parsed.
+
+Why the expert plays the branches (our decision): its trajectories are the transcripts the
+embedded policy was warm-started to write, the groups are mixed by construction, and the set
+costs seconds to build and nothing to store; the policy's own branches would make the set
+depend on the model being measured.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from statistics import fmean, stdev
+from typing import Any
+
+from sera_core.agents.points import DelegationPoint
+from sera_core.agents.runtime import Runtime, RuntimeConfig
+from sera_core.rubrics import ranking_loss
+
+
+def heldout_points(env: str, records: Sequence[dict], *, counterfactual: int = 8, seed: int = 0,
+                   tokenizer: Any = None) -> list[DelegationPoint]:
+    """The mixed counterfactual groups of the noisy expert's rollouts of ``records`` (B =
+    ``counterfactual`` branches, runtime seed ``seed``), in rollout order."""
+    from sera_core.course import noisy_expert
+
+    cfg = RuntimeConfig(counterfactual=counterfactual, fork_cap=max(16, counterfactual), seed=seed)
+    rollouts = Runtime(env, noisy_expert(tokenizer=tokenizer), cfg).run(list(records))
+    return [p for r in rollouts for p in r.points if not p.ranking.skipped]
+
+
+def _mean_interval(values: list[float]) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    half = 1.96 * stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
+    return round(fmean(values), 4), None if half is None else round(half, 4)
+
+
+def point_metrics(points: Sequence[DelegationPoint]) -> dict[str, Any]:
+    """Pairwise accuracy and ranking loss over the points' mixed groups (mean and 95% half
+    interval), how many groups were mixed, and the validity of the rubrics and scores.
+
+    A branch without a score (its rubric or its scoring output did not parse) counts as a
+    score of 0 here, so a model that writes no valid rubric gets accuracy 1/2 and loss 0.2
+    (every pair ties) instead of dropping out of the average. (Training instead gives such
+    a group no datum: :mod:`sera_core.rewards.rubric_ranking`.)"""
+    rankings = [ranking_loss([0.0 if s is None else s for s in p.scores], p.labels) for p in points]
+    valid = [r for r in rankings if not r.skipped]
+    accuracy, accuracy_ci = _mean_interval([r.accuracy for r in valid])
+    loss, loss_ci = _mean_interval([r.loss for r in valid])
+    called = [b for p in points if p.rubric is not None for b in p.branches if b.score_turn is not None]
+    return {"points": len(points), "mixed": len(valid), "pairwise_accuracy": accuracy, "pairwise_accuracy_ci": accuracy_ci,
+            "ranking_loss": loss, "ranking_loss_ci": loss_ci,
+            "rubric_validity": round(sum(p.rubric is not None for p in points) / len(points), 4) if points else None,
+            "score_validity": round(sum(b.score is not None for b in called) / len(called), 4) if called else None}
