@@ -38,11 +38,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import time
 from pathlib import Path
-from statistics import fmean, stdev
+from statistics import fmean
 
 ARMS = {
     "sera": ("textcraft/sera_tiny.yaml", "execution:8,delegation:1,rubric_generation:1"),
@@ -53,11 +52,11 @@ LABELS = {"before": "warm start (no RL)", "sera": "SERA", "sera_wo_rt": "SERA w/
 
 
 def write_json(path: Path, value: dict) -> None:
-    """Write ``value`` atomically (a temporary file renamed into place)."""
+    """Write ``value`` as indented JSON, atomically."""
+    from sera_core.utils.jsonio import write_atomic
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(value, indent=1) + "\n")
-    tmp.replace(path)
+    write_atomic(path, (json.dumps(value, indent=1) + "\n").encode())
 
 
 def held_out(args) -> tuple[list, list[dict]]:
@@ -70,10 +69,7 @@ def held_out(args) -> tuple[list, list[dict]]:
     path = Path(args.out) / "points.jsonl"
     if not path.exists():
         medium = pick_tasks("textcraft", "val", difficulty="medium")
-        points = heldout_points("textcraft", medium[-args.points_tasks:])
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_jsonl(path.with_suffix(".tmp"), [p.to_json() for p in points])
-        path.with_suffix(".tmp").replace(path)
+        write_jsonl(path, [p.to_json() for p in heldout_points("textcraft", medium[-args.points_tasks:])])
     half = args.eval_tasks // 2
     tasks = pick_tasks("textcraft", "val", difficulty=("easy", "medium"), per_level=half)
     return read_points(path), tasks[:args.eval_tasks]
@@ -146,15 +142,16 @@ def training_stats(run: Path) -> dict:
 
 
 def interval(values: list) -> str:
-    values = [v for v in values if v is not None]
-    if not values:
+    """``mean ± half`` of the values given (None skipped) over seeds (:func:`~sera_core.eval.points.mean_interval`)."""
+    from sera_core.eval.points import mean_interval
+
+    mean, half = mean_interval([v for v in values if v is not None])
+    if mean is None:
         return "-"
-    if len(values) == 1:
-        return f"{values[0]:.3f}"
-    return f"{fmean(values):.3f} ± {1.96 * stdev(values) / math.sqrt(len(values)):.3f}"
+    return f"{mean:.3f}" if half is None else f"{mean:.3f} ± {half:.3f}"
 
 
-def report(results: dict, args) -> str:
+def report(results: dict) -> str:
     """The Markdown table of ``results`` (one row per model; means ± 95% intervals over seeds)."""
     lines = ["| model | seeds | pairwise accuracy (held-out points) | ranking loss | root success (val) | easy | medium "
              "| tokens trained (exec / deleg / rubric) | mixed groups | delegations / tree |",
@@ -243,7 +240,7 @@ def main() -> None:
     points, tasks = held_out(args)
     print(f"{len(points)} held-out points, {len(tasks)} eval tasks", flush=True)
     results = collect(args, points, tasks, run_missing=not args.report)
-    table = report(results, args)
+    table = report(results)
     write_json(out / "results.json", {"arms": {a: ARMS[a][1] or "execution:1" for a in ARMS}, "updates": args.updates,
                                       "seeds": args.seeds, "points": len(points), "eval_tasks": len(tasks),
                                       "results": results})

@@ -52,7 +52,7 @@ class Branch:
     score_inputs: dict = field(default_factory=dict)
     """What a scoring call reads besides the rubric and the branch's trajectory:
     ``final_state`` (the text the score prompt shows) and ``outcome`` (the expert scorer's
-    facts), so the branch can be scored again against another rubric (:mod:`sera_core.agents.replay`)."""
+    facts), so the branch can be scored again against another rubric (:meth:`~sera_core.agents.runtime.Runtime.rescore`)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"branch": self.branch, "tree": self.tree.to_json(), "finished": self.finished, "steps": self.steps,
@@ -100,7 +100,7 @@ class DelegationPoint:
     """The ranking loss of :attr:`scores` against :attr:`labels` (its reward is -L_rank)."""
     rubric_call: dict = field(default_factory=dict)
     """The rubric-writing call: its ``prompt`` text and the ``info`` the expert writer reads,
-    so the rubric can be written again by another policy (:mod:`sera_core.agents.replay`)."""
+    so the rubric can be written again by another policy (:meth:`~sera_core.agents.runtime.Runtime.rescore`)."""
 
     @property
     def labels(self) -> list[bool | None]:

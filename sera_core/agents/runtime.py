@@ -241,6 +241,14 @@ def pick_candidate(scores: Sequence[float | None]) -> int:
     return -max(valid)[1] if valid else 0
 
 
+def branch_score(score: Score | Parsed | None) -> tuple[Score | None, str | None]:
+    """A scoring result as a branch's ``(score, score_error)``: the score, or why there is none
+    (the parse error, or ``no valid rubric`` when there was nothing to score against)."""
+    if isinstance(score, Score):
+        return score, None
+    return None, score.error if score else "no valid rubric"
+
+
 def score_json(score: Score) -> dict:
     """A :class:`Score` as the node's JSON."""
     return asdict(score)
@@ -348,22 +356,22 @@ class Runtime:
             raise ValueError(f"delegation point {point.tree_id}/{point.child_id} holds no rubric call or score "
                              "inputs (written by an older version): it cannot be rescored")
         key = f"rescore/{point.tree_id}/{point.child_id}"
-        rubric, error = GLOBAL_RUBRIC, None
+        rubric, rubric_error = GLOBAL_RUBRIC, None
         if self.cfg.rubric_writer != "global":
             seed = derive_seed(self.cfg.seed, "rescore", point.tree_id, point.child_id)
             text, _, _ = await self._ask_rubric(point.rubric_call, seed, key, point.child_id)
             parsed = parse_rubric(text)
-            rubric, error = parsed.value if parsed.ok else None, parsed.error
+            rubric, rubric_error = parsed.value, parsed.error  # value None exactly when error is set
         scored = await asyncio.gather(*(
             self._score(b.tree.root, rubric, {"finished": b.finished, "end": b.end, **b.score_inputs},
                         key=f"{key}/b{b.branch}", detached=True)
             for b in point.branches))
-        branches = [replace(b, score=s if isinstance(s, Score) else None,
-                            score_error=None if isinstance(s, Score) else (s.error if s else "no valid rubric"),
-                            score_turn=turn)
-                    for b, (s, turn) in zip(point.branches, scored, strict=True)]
-        out = replace(point, rubric=rubric.to_json() if rubric is not None else None,
-                      rubric_error=None if rubric is not None else error, rubric_turn=None, branches=branches)
+        branches = []
+        for b, (result, turn) in zip(point.branches, scored, strict=True):
+            score, error = branch_score(result)
+            branches.append(replace(b, score=score, score_error=error, score_turn=turn))
+        out = replace(point, rubric=rubric.to_json() if rubric is not None else None, rubric_error=rubric_error,
+                      rubric_turn=None, branches=branches)
         out.ranking = ranking_loss(out.scores, out.labels)
         return out
 
@@ -642,8 +650,7 @@ class Runtime:
                 else scopes[b].tree
             branches.append(Branch(
                 b, branch_tree, children[b]["finished"], children[b]["outcome"]["steps"], children[b]["end"],
-                a.world_json(envs[b]), labels[b][0], labels[b][1], score if isinstance(score, Score) else None,
-                None if isinstance(score, Score) else (score.error if score else "no valid rubric"), turn,
+                a.world_json(envs[b]), labels[b][0], labels[b][1], *branch_score(score), turn,
                 {"final_state": children[b]["final_state"], "outcome": children[b]["outcome"]}))
         act = parent.node.turns[parent.act_index]
         point = DelegationPoint(

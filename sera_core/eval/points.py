@@ -49,7 +49,9 @@ def heldout_points(env: str, records: Sequence[dict], *, counterfactual: int = 8
     return [p for r in rollouts for p in r.points if not p.ranking.skipped]
 
 
-def _mean_interval(values: list[float]) -> tuple[float | None, float | None]:
+def mean_interval(values: list[float]) -> tuple[float | None, float | None]:
+    """Mean and 95% half interval ``1.96 * std / sqrt(n)`` (normal approximation; None for
+    no values, and no interval for one), each rounded to 4 places."""
     if not values:
         return None, None
     half = 1.96 * stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
@@ -66,8 +68,8 @@ def point_metrics(points: Sequence[DelegationPoint]) -> dict[str, Any]:
     a group no datum: :mod:`sera_core.rewards.rubric_ranking`.)"""
     rankings = [ranking_loss([0.0 if s is None else s for s in p.scores], p.labels) for p in points]
     valid = [r for r in rankings if not r.skipped]
-    accuracy, accuracy_ci = _mean_interval([r.accuracy for r in valid])
-    loss, loss_ci = _mean_interval([r.loss for r in valid])
+    accuracy, accuracy_ci = mean_interval([r.accuracy for r in valid])
+    loss, loss_ci = mean_interval([r.loss for r in valid])
     called = [b for p in points if p.rubric is not None for b in p.branches if b.score_turn is not None]
     return {"points": len(points), "mixed": len(valid), "pairwise_accuracy": accuracy, "pairwise_accuracy_ci": accuracy_ci,
             "ranking_loss": loss, "ranking_loss_ci": loss_ci,
