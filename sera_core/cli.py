@@ -256,7 +256,7 @@ def cmd_tiny(args: argparse.Namespace) -> dict[str, Any]:
     if not is_adapter(model):
         raise CommandError(f"{model} holds no adapter (run `sera tiny build` first)")
     tasks = {env: measured_tasks(env, args.tasks) for env in (ENVS if args.env == "both" else (args.env,))}
-    results = measure(model, tasks, groups=args.groups, progress=True, save=args.save)
+    results = measure(model, tasks, groups=args.groups, points=args.points, progress=True, save=args.save)
     if args.record:  # per benchmark: a measurement of one benchmark keeps the other's recorded figures
         manifest = read_manifest(model)
         manifest["results"] = {k: v for k, v in manifest.get("results", {}).items() if k in ENVS} | results
@@ -427,6 +427,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", type=int, default=20,
                    help="measure: tasks per level (TextCraft val easy and medium, TextWorld test easy)")
     p.add_argument("--groups", type=int, default=8, help="measure: tasks played with counterfactual groups at temperature 1")
+    p.add_argument("--points", type=int, default=0,
+                   help="measure: the scorer on the held-out delegation points of this many of the hardest level's last tasks")
     p.add_argument("--env", choices=["both", "textcraft", "textworld"], default="both",
                    help="measure: one benchmark only (two processes can measure the two benchmarks side by side)")
     p.add_argument("--record", action="store_true", help="measure: write the results into the model's manifest")

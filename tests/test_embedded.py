@@ -274,3 +274,25 @@ def test_measure_keeps_partial_figures_and_resumes(adapter, tmp_path):
     again = measure(adapter, tasks, save=save)
     assert again["textcraft"]["success"]["easy"] == 1.0 - first["textcraft"]["success"]["easy"]
     assert again["textworld"] == first["textworld"]
+
+
+def test_measure_plays_groups_on_the_hardest_level_and_scores_held_out_points(adapter, tmp_path):
+    """Counterfactual groups come from the hardest measured level (easy TextCraft tasks never
+    delegate, so they have no delegation points); ``points`` rescores the noisy expert's held-out
+    points with the model and reports the scorer's figures over exactly those points."""
+    from sera_core.eval.points import heldout_points
+    from sera_core.tiny.measure import group_tasks, measure, measured_tasks, points_tasks
+
+    tasks = measured_tasks("textcraft", 2)
+    assert [t["misc"]["difficulty"] for t in tasks] == ["easy", "easy", "medium", "medium"]
+    assert group_tasks(tasks, 1) == tasks[2:3] and group_tasks(tasks, 5) == tasks[2:] and group_tasks([], 1) == []
+    held = points_tasks("textcraft", 3)
+    assert [t["misc"]["difficulty"] for t in held] == ["medium"] * 3 and not {t["id"] for t in held} & {t["id"] for t in tasks}
+    expected = len(heldout_points("textcraft", held))
+    assert expected > 0
+    save = tmp_path / "figures.json"
+    save.write_text(json.dumps({"textcraft": {"tasks": 0}}))  # the played figures are there: only the points run
+    figures = measure(adapter, {"textcraft": tasks}, points=3, save=save)["textcraft"]["points"]
+    assert figures["points"] == expected and figures["tasks"] == 3 and figures["seconds"] > 0
+    assert 0.0 <= figures["rubric_validity"] <= 1.0 and 0.0 <= figures["pairwise_accuracy"] <= 1.0
+    assert json.loads(save.read_text())["textcraft"]["points"] == figures

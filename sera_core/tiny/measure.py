@@ -9,10 +9,18 @@
 * ``success``: root success per benchmark and difficulty;
 * ``delegating_tasks``: per difficulty, the share of tasks whose tree has a child.
 
-With ``groups > 0`` it also plays that many tasks at temperature 1 with counterfactual
-groups of 8 and reports ``mixed_groups`` (the share of groups with both outcomes: the
+With ``groups > 0`` it also plays that many tasks of the benchmark's hardest measured level
+(TextCraft medium: easy tasks need no delegation, so they have no delegation points) at
+temperature 1 with counterfactual groups of 8 and reports ``mixed_groups`` (the share of groups with both outcomes: the
 branches really differ) and the scorer's ``pairwise_accuracy`` on them against the
 checker's labels.
+
+With ``points > 0`` it also measures the scorer on fixed held-out delegation points
+(:func:`~sera_core.eval.points.heldout_points`: the noisy expert's mixed groups of B = 8 on
+the last ``points`` tasks of the hardest measured level, disjoint from the tasks played):
+the model writes each rubric again at temperature 0 and scores the stored branches
+(:meth:`~sera_core.agents.runtime.Runtime.rescore`), so its pairwise accuracy, ranking loss
+and rubric and score validity are measured even where it never delegates itself.
 
 Tasks are played one difficulty at a time (all tasks of a difficulty concurrently, batched);
 ``seconds_per_task`` is each run's wall time over its task count (2 cores: what a user waits).
@@ -37,6 +45,7 @@ from sera_core.agents.runtime import Rollout, Runtime, RuntimeConfig
 from sera_core.agents.summary import summarize
 from sera_core.agents.tree import read_trees, write_trees
 from sera_core.envs.registry import BENCHMARKS, record_value
+from sera_core.eval.points import heldout_points, point_metrics
 from sera_core.policy.hf import HFPolicy
 from sera_core.utils.jsonio import write_atomic
 
@@ -49,6 +58,14 @@ def well_formed(text: str, env: str) -> bool:
 MEASURED = {"textcraft": (("easy", "medium"), False), "textworld": (("easy",), True)}
 """Per benchmark: the difficulties the issue sets targets for, and whether the tasks are
 spread over the level (TextWorld's test file is ordered by family) or its first ones."""
+
+
+def points_tasks(env: str, count: int) -> list[dict]:
+    """The last ``count`` tasks of the benchmark's hardest :data:`MEASURED` level in its
+    evaluation split: where ``measure(points=...)`` builds its held-out delegation points."""
+    bench = BENCHMARKS[env]()
+    level = MEASURED[env][0][-1]
+    return [t for t in bench.generate_split(bench.eval_split) if record_value(t, "difficulty") == level][-count:] if count else []
 
 
 def measured_tasks(env: str, per_level: int) -> list[dict]:
@@ -87,9 +104,10 @@ def _figures(rollouts: list, env: str) -> dict[str, Any]:
     }
 
 
-def measure(model: str | os.PathLike, tasks: dict[str, list[dict]], *, groups: int = 0, seed: int = 0,
+def measure(model: str | os.PathLike, tasks: dict[str, list[dict]], *, groups: int = 0, points: int = 0, seed: int = 0,
             max_batch: int = 64, progress: bool = False, save: str | os.PathLike | None = None) -> dict[str, Any]:
     """Figures of ``model`` on ``tasks`` (``{"textcraft": [...], "textworld": [...]}``);
+    ``groups`` and ``points`` add the counterfactual-group and held-out-point figures;
     ``progress`` shows a progress bar per run; ``save`` keeps partial results (module docstring)."""
     save = Path(save) if save is not None else None
     out: dict[str, Any] = json.loads(save.read_text()) if save is not None and save.exists() else {}
@@ -101,7 +119,7 @@ def measure(model: str | os.PathLike, tasks: dict[str, list[dict]], *, groups: i
             write_atomic(save, json.dumps(out, indent=1).encode())
 
     for env, env_tasks in tasks.items():
-        if env in out and (not groups or "mixed_groups" in out[env]):
+        if env in out and (not groups or "mixed_groups" in out[env]) and (not points or "points" in out[env]):
             continue
         policy = policy or HFPolicy(model)  # a model or adapter folder (the embedded policy is an adapter)
         if env not in out:
@@ -125,15 +143,29 @@ def measure(model: str | os.PathLike, tasks: dict[str, list[dict]], *, groups: i
                 seconds[level] = round(trees[0].meta["measure_seconds"], 1)  # set on every tree of the run
             out[env] = _figures(rollouts, env) | {"seconds_per_task": seconds}
             keep()
-        if groups:
+        if groups and "mixed_groups" not in out[env]:
             sampled = RuntimeConfig(temperature=1.0, counterfactual=8, seed=seed)
-            counted = summarize(Runtime(env, PolicyActor(policy, max_batch=max_batch), sampled).run(env_tasks[:groups], progress=progress))
+            counted = summarize(Runtime(env, PolicyActor(policy, max_batch=max_batch), sampled).run(
+                group_tasks(env_tasks, groups), progress=progress))
             total, valid = counted["groups"]["total"], counted["groups"]["valid"]
             out[env]["groups"] = total
             out[env]["mixed_groups"] = round(valid / total, 4) if total else None
             out[env]["pairwise_accuracy"] = counted["mean_pairwise_accuracy"]
             keep()
+        if points and "points" not in out[env]:
+            held = heldout_points(env, points_tasks(env, points), seed=seed)
+            greedy = RuntimeConfig(temperature=0.0, rubric_temperature=0.0, seed=seed)
+            t0 = time.perf_counter()
+            rescored = Runtime(env, PolicyActor(policy, max_batch=max_batch), greedy).rescore_all(held, progress=progress)
+            out[env]["points"] = point_metrics(rescored) | {"tasks": points, "seconds": round(time.perf_counter() - t0, 1)}
+            keep()
     return out
+
+
+def group_tasks(tasks: list[dict], groups: int) -> list[dict]:
+    """The first ``groups`` tasks of the last task's level (the hardest measured: tasks are
+    listed level by level), which ``measure`` plays with counterfactual groups."""
+    return [t for t in tasks if _difficulty(t) == _difficulty(tasks[-1])][:groups] if tasks else []
 
 
 def _difficulty(task: dict) -> str:
