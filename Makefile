@@ -27,8 +27,9 @@ demo: setup  ## Main job on the embedded default: both benchmarks solved by the 
 	$(BIN)/sera tasks --env textworld --split test --out runs/demo/textworld_test.jsonl
 	$(BIN)/sera solve --env textworld --tasks runs/demo/textworld_test.jsonl --mode delegate
 	$(BIN)/sera train --config textcraft/sera_tiny.yaml --set 'difficulties=[easy]' --total-updates 2 --out runs/demo/tiny_sera --resume
-	$(BIN)/sera eval --env textcraft --tasks runs/demo/textcraft_val.jsonl --limit 8 --policy hf:runs/demo/tiny_sera \
-	  --label "SmolLM2-135M + LoRA (CPU), make demo: 2 SERA updates" --method sera --out runs/demo/eval_tiny --resume
+	$(BIN)/sera tasks --env textcraft --split val --difficulty easy --limit 8 --out runs/demo/textcraft_val_easy8.jsonl
+	$(BIN)/sera eval --env textcraft --tasks runs/demo/textcraft_val_easy8.jsonl --policy hf:runs/demo/tiny_sera \
+	  --label "SmolLM2-135M + LoRA (CPU), make demo: 2 SERA updates, 8 easy val tasks" --method sera --out runs/demo/eval_tiny --resume
 	$(BIN)/sera tables --runs runs/demo/eval_tiny --out runs/demo/tables
 
 test: setup  ## Run the tests: pytest, then every notebook with nbval

@@ -72,6 +72,10 @@ def cmd_tasks(args: argparse.Namespace) -> dict[str, Any]:
         raise CommandError(f"{args.env} has splits {', '.join(bench.splits)}, not {args.split!r}")
     records = bench.generate_split(args.split, progress=True, world_seed=args.world_seed,
                                    items_per_tier=args.items_per_tier, seed=args.seed)
+    if args.difficulty:
+        from sera_core.envs.registry import record_value
+
+        records = [r for r in records if record_value(r, "difficulty") in args.difficulty]
     if args.limit is not None:
         records = records[: args.limit]
     write_jsonl(args.out, records, sort_keys=bench.sorted_keys)
@@ -324,6 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sera {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
+    from sera_core.envs import DIFFICULTIES
     from sera_core.envs.registry import BENCHMARKS, ENVS
     from sera_core.rubrics import MalformedPolicy
 
@@ -337,6 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", choices=sorted({s for b in BENCHMARKS.values() for s in b.splits}), required=True,
                    help="; ".join(f"{name}: {'|'.join(b.splits)}" for name, b in BENCHMARKS.items()))
     p.add_argument("--seed", type=int, default=0, help="TextCraft: seed of the task draws")
+    p.add_argument("--difficulty", action="append", choices=list(DIFFICULTIES),
+                   help="write only tasks of this level (repeatable; before --limit)")
     p.add_argument("--limit", type=int, help="write only the first N tasks")
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=cmd_tasks)

@@ -32,6 +32,18 @@ def test_tasks_is_byte_identical_across_runs_and_hash_seeds(tmp_path):
     assert len(a.read_text().splitlines()) == 632
 
 
+def test_tasks_of_one_difficulty_are_the_split_s_tasks_of_that_level_in_order(tmp_path, capsys):
+    whole, easy = tmp_path / "val.jsonl", tmp_path / "easy.jsonl"
+    assert main(["tasks", "--split", "val", "--out", str(whole)]) == 0
+    assert main(["tasks", "--split", "val", "--difficulty", "easy", "--limit", "8", "--out", str(easy)]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    lines = [ln for ln in whole.read_text().splitlines() if json.loads(ln)["misc"]["difficulty"] == "easy"]
+    assert easy.read_text().splitlines() == lines[:8] and summary["tasks"] == 8
+    assert main(["tasks", "--split", "val", "--difficulty", "easy", "--difficulty", "medium", "--out", str(easy)]) == 0
+    assert len(easy.read_text().splitlines()) == 147 + 213
+    assert main(["tasks", "--split", "val", "--difficulty", "trivial", "--out", str(easy)]) == 2  # not a level
+
+
 def test_solve_ends_with_a_json_summary(tmp_path, capsys):
     tasks = tmp_path / "val.jsonl"
     assert main(["tasks", "--split", "val", "--limit", "12", "--out", str(tasks)]) == 0
