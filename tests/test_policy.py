@@ -178,6 +178,32 @@ def test_the_cache_grows_past_its_first_allocation(policy, monkeypatch):
     assert all(len(g.token_ids) == 12 or g.finish_reason == "eos" for g in got)
 
 
+def test_a_long_prompt_block_runs_in_chunks_with_the_same_result_and_last_logits_only(policy, monkeypatch):
+    """Prefill in column chunks (bounded attention memory) gives the same greedy tokens and
+    logprobs as one block, and no forward computes logits for more than its last position."""
+    import sera_core.policy.hf as hf
+
+    assert hf.prefill_chunk(64, 9, 2_000) * 64 * 9 * 2_000 * 4 <= hf.PREFILL_SCORE_BYTES  # 64 rescoring prompts
+    assert hf.prefill_chunk(1, 9, 10**9) == 1
+    prompts = [prompt_of(policy, TEXTS[0] + TEXTS[1]), prompt_of(policy, "hi")]
+    params = SamplingParams(temperature=0.0, max_new_tokens=10)
+    whole = HFPolicy.from_model(policy.model, policy.tokenizer, prefix_cache_bytes=0).generate(prompts, params)
+    widths, logits = [], []
+    hooks = [policy.model.register_forward_pre_hook(lambda m, args, kw: widths.append(kw["input_ids"].shape[1]), with_kwargs=True),
+             policy.model.lm_head.register_forward_hook(lambda m, args, out: logits.append(out.shape[1]))]
+    monkeypatch.setattr(hf, "PREFILL_SCORE_BYTES", 2 * policy.model.config.num_attention_heads * len(prompts[0]) * 4 * 3)
+    chunked = HFPolicy.from_model(policy.model, policy.tokenizer, prefix_cache_bytes=0).generate(prompts, params)
+    for h in hooks:
+        h.remove()
+    width = len(prompts[0])  # the block: the longest prompt (nothing kept)
+    chunks = -(-width // 3)  # 3 columns a forward, then one token a step
+    assert widths == [3] * (chunks - 1) + [width - 3 * (chunks - 1)] + [1] * (len(widths) - chunks)
+    assert set(logits) == {1}
+    assert [g.token_ids for g in chunked] == [g.token_ids for g in whole]
+    for a, b in zip(chunked, whole, strict=True):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
 def test_sampling_follows_the_distribution_and_the_nucleus():
     """The inverse-CDF sampler: frequencies match softmax(logits / T) (a chi-square bound),
     a zero-probability token is never drawn, and top_p keeps only the nucleus."""

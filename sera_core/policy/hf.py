@@ -22,7 +22,9 @@ Reusing key/value states (``prefix_cache_bytes > 0``, the default)
     the weights they were computed with: any in-place change of a parameter (an optimizer
     step, ``load_state_dict``) bumps torch's version counters and empties the store.
     The cache of a call is preallocated (:class:`_PreallocatedLayer`: the prompt block and
-    256 new tokens, doubling when full), so no step concatenates tensors. Greedy output is token-identical to recomputing
+    256 new tokens, doubling when full), so no step concatenates tensors. A forward computes
+    logits for its last position only, and a long prompt block runs in column chunks
+    (:func:`prefill_chunk`), so memory stays bounded for a batch of long prompts. Greedy output is token-identical to recomputing
     every prompt (tested), up to float rounding between batch shapes.
 
 Works on CPU (float32) and GPU (bfloat16 by default); the model and tokenizer come from
@@ -48,6 +50,12 @@ SHARED_PREFIX_MIN = 32
 prefix once first (a system prompt read by a batch of fresh agents)."""
 GROW = 256
 """Generated positions a call's cache holds before its first doubling."""
+PREFILL_SCORE_BYTES = 1 << 30
+"""Most bytes of float32 attention scores one prefill forward may hold (batch x heads x
+chunk x context x 4): a longer block runs in column chunks through the cache
+(:func:`prefill_chunk`). One forward over 64 rescoring prompts of about 2,000 tokens
+otherwise holds 9 GB of scores (and, without ``logits_to_keep=1``, 25 GB of logits): it was
+killed for memory at 20 GB on a 24 GB machine."""
 PREFIX_CACHE_BYTES = 2 << 30
 """Default budget of kept key/value states (2 GiB: about 45,000 tokens of SmolLM2-135M in float32)."""
 
@@ -84,6 +92,7 @@ class HFPolicy:
         inner = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model  # peft
         params = inspect.signature(inner.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._last_logits = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         self.store = PrefixStore(prefix_cache_bytes)
         self._weights_version: int | None = None
 
@@ -135,8 +144,12 @@ class HFPolicy:
         past = Cache(layers=layers)
         for layer in layers:
             layer.advance(past_len)
-        out = self.model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True,
-                         **{self._cache_arg: past})
+        chunk = prefill_chunk(n, self.model.config.num_attention_heads, past_len + width)
+        for c0 in range(0, width, chunk):  # a long block runs in column chunks (memory: see PREFILL_SCORE_BYTES)
+            c1 = min(width, c0 + chunk)
+            out = self.model(input_ids=ids[:, c0:c1], attention_mask=attention[:, :past_len + c1],
+                             position_ids=positions[:, c0:c1], use_cache=True, **self._last_logits,
+                             **{self._cache_arg: past})
         logits = out.logits[:, -1, :]
         generators = [torch.Generator().manual_seed(p.seed) if p.seed is not None else None for p in ps]
         greedy = all(p.temperature == 0 for p in ps)
@@ -171,7 +184,7 @@ class HFPolicy:
             steps += 1
             out = self.model(input_ids=torch.tensor(feed, device=self.device)[:, None],
                              attention_mask=mask[:, :past_len + width + steps], position_ids=next_pos[:, None],
-                             use_cache=True, **{self._cache_arg: past})
+                             use_cache=True, **self._last_logits, **{self._cache_arg: past})
             logits = out.logits[:, -1, :]
             next_pos = next_pos + 1
         if self.store.budget > 0:
@@ -192,6 +205,12 @@ class HFPolicy:
             if s in tail and s not in last:
                 return s
         return None
+
+
+def prefill_chunk(rows: int, heads: int, context: int, budget: int | None = None) -> int:
+    """Columns per prefill forward: the most whose attention scores (``rows x heads x
+    chunk x context`` float32) fit ``budget`` (default :data:`PREFILL_SCORE_BYTES`), at least 1."""
+    return max(1, (PREFILL_SCORE_BYTES if budget is None else budget) // (rows * heads * context * 4))
 
 
 def _allocate(model, n: int, capacity: int, device) -> list[_PreallocatedLayer]:
