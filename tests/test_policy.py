@@ -204,6 +204,27 @@ def test_a_long_prompt_block_runs_in_chunks_with_the_same_result_and_last_logits
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
 
 
+def test_a_batch_past_the_cache_budget_runs_in_parts_with_the_same_result(policy, monkeypatch):
+    """A batch whose key/value cache would pass CALL_CACHE_BYTES is generated in consecutive
+    parts, each within the budget (a row alone always runs), in order and with the same tokens."""
+    import sera_core.policy.hf as hf
+
+    assert hf.split_batch([10, 10, 10], 1, budget=20) == [(0, 2), (2, 3)]
+    assert hf.split_batch([10, 30, 10, 10], 1, budget=40) == [(0, 1), (1, 2), (2, 4)]  # rows x longest
+    assert hf.split_batch([100], 1, budget=1) == [(0, 1)] and hf.split_batch([5] * 4, 1, budget=10**6) == [(0, 4)]
+    prompts = [prompt_of(policy, t) for t in TEXTS[:4]]
+    params = SamplingParams(temperature=0.0, max_new_tokens=8)
+    plain = HFPolicy.from_model(policy.model, policy.tokenizer, prefix_cache_bytes=0)
+    whole = plain.generate(prompts, params)
+    rows = []
+    hook = policy.model.register_forward_pre_hook(lambda m, args, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    longest = max(map(len, prompts)) + 8
+    monkeypatch.setattr(hf, "CALL_CACHE_BYTES", 2 * longest * hf._token_bytes(policy.model))  # two rows a part
+    parted = plain.generate(prompts, params)
+    hook.remove()
+    assert max(rows) == 2 and [g.token_ids for g in parted] == [g.token_ids for g in whole]
+
+
 def test_sampling_follows_the_distribution_and_the_nucleus():
     """The inverse-CDF sampler: frequencies match softmax(logits / T) (a chi-square bound),
     a zero-probability token is never drawn, and top_p keeps only the nucleus."""

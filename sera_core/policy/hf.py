@@ -23,8 +23,10 @@ Reusing key/value states (``prefix_cache_bytes > 0``, the default)
     step, ``load_state_dict``) bumps torch's version counters and empties the store.
     The cache of a call is preallocated (:class:`_PreallocatedLayer`: the prompt block and
     256 new tokens, doubling when full), so no step concatenates tensors. A forward computes
-    logits for its last position only, and a long prompt block runs in column chunks
-    (:func:`prefill_chunk`), so memory stays bounded for a batch of long prompts. Greedy output is token-identical to recomputing
+    logits for its last position only, a long prompt block runs in column chunks
+    (:func:`prefill_chunk`) and a batch whose cache would pass :data:`CALL_CACHE_BYTES` is
+    generated in consecutive parts (:func:`split_batch`), so memory stays bounded for a batch
+    of long prompts. Greedy output is token-identical to recomputing
     every prompt (tested), up to float rounding between batch shapes.
 
 Works on CPU (float32) and GPU (bfloat16 by default); the model and tokenizer come from
@@ -56,6 +58,11 @@ chunk x context x 4): a longer block runs in column chunks through the cache
 (:func:`prefill_chunk`). One forward over 64 rescoring prompts of about 2,000 tokens
 otherwise holds 9 GB of scores (and, without ``logits_to_keep=1``, 25 GB of logits): it was
 killed for memory at 20 GB on a 24 GB machine."""
+CALL_CACHE_BYTES = 4 << 30
+"""Most bytes of key/value cache one batched call may allocate (rows x (prompt + new
+tokens) x layers x 2 x kv heads x head dim x dtype size): a larger batch is generated in
+consecutive parts (:func:`split_batch`). 64 rescoring prompts of about 2,000 tokens with
+1,024 new tokens each need 12 GB in float32 (SmolLM2-135M: 46 KB a token)."""
 PREFIX_CACHE_BYTES = 2 << 30
 """Default budget of kept key/value states (2 GiB: about 45,000 tokens of SmolLM2-135M in float32)."""
 
@@ -111,6 +118,9 @@ class HFPolicy:
             return []
         if any(not p for p in prompts):
             raise ValueError("every prompt needs at least one token")
+        parts = split_batch([len(p) + q.max_new_tokens for p, q in zip(prompts, ps, strict=True)], _token_bytes(self.model))
+        if len(parts) > 1:
+            return [g for a, b in parts for g in self.generate(prompts[a:b], ps[a:b])]
         version = sum(p._version for p in self.model.parameters())
         if version != self._weights_version:
             self.store.clear()
@@ -207,6 +217,32 @@ class HFPolicy:
         return None
 
 
+def _kv_heads(model) -> tuple[int, int]:
+    """Key/value heads and head dimension of the model's attention layers."""
+    cfg = model.config
+    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    return heads, getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
+def _token_bytes(model) -> int:
+    """Bytes of key/value cache per token: layers x 2 x kv heads x head dim x dtype size."""
+    heads, head_dim = _kv_heads(model)
+    return model.config.num_hidden_layers * 2 * heads * head_dim * next(model.parameters()).element_size()
+
+
+def split_batch(lengths: list[int], token_bytes: int, budget: int | None = None) -> list[tuple[int, int]]:
+    """Consecutive ``(start, end)`` parts of a batch whose cache (``rows x longest length x
+    token_bytes``) fits ``budget`` (default :data:`CALL_CACHE_BYTES`); a row alone is always a part."""
+    budget = CALL_CACHE_BYTES if budget is None else budget
+    parts, start, longest = [], 0, 0
+    for i, length in enumerate(lengths):
+        longest = max(longest, length)
+        if i > start and (i - start + 1) * longest * token_bytes > budget:
+            parts.append((start, i))
+            start, longest = i, length
+    return [*parts, (start, len(lengths))]
+
+
 def prefill_chunk(rows: int, heads: int, context: int, budget: int | None = None) -> int:
     """Columns per prefill forward: the most whose attention scores (``rows x heads x
     chunk x context`` float32) fit ``budget`` (default :data:`PREFILL_SCORE_BYTES`), at least 1."""
@@ -215,11 +251,9 @@ def prefill_chunk(rows: int, heads: int, context: int, budget: int | None = None
 
 def _allocate(model, n: int, capacity: int, device) -> list[_PreallocatedLayer]:
     """One empty :class:`_PreallocatedLayer` per decoder layer, ``n`` rows of ``capacity`` positions."""
-    cfg = model.config
-    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    heads, head_dim = _kv_heads(model)
     dtype = next(model.parameters()).dtype
-    return [_PreallocatedLayer((n, heads, capacity, head_dim), dtype, device) for _ in range(cfg.num_hidden_layers)]
+    return [_PreallocatedLayer((n, heads, capacity, head_dim), dtype, device) for _ in range(model.config.num_hidden_layers)]
 
 
 class _PreallocatedLayer(DynamicLayer):
