@@ -64,12 +64,12 @@ def held_out(args) -> tuple[list, list[dict]]:
     from sera_core.agents.summary import read_points
     from sera_core.course import pick_tasks
     from sera_core.eval.points import heldout_points
+    from sera_core.tiny.measure import points_tasks
     from sera_core.utils.jsonio import write_jsonl
 
     path = Path(args.out) / "points.jsonl"
     if not path.exists():
-        medium = pick_tasks("textcraft", "val", difficulty="medium")
-        write_jsonl(path, [p.to_json() for p in heldout_points("textcraft", medium[-args.points_tasks:])])
+        write_jsonl(path, [p.to_json() for p in heldout_points("textcraft", points_tasks("textcraft", args.points_tasks))])
     half = args.eval_tasks // 2
     tasks = pick_tasks("textcraft", "val", difficulty=("easy", "medium"), per_level=half)
     return read_points(path), tasks[:args.eval_tasks]

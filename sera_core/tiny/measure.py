@@ -44,6 +44,7 @@ from sera_core.agents.actors import PolicyActor
 from sera_core.agents.runtime import Rollout, Runtime, RuntimeConfig
 from sera_core.agents.summary import summarize
 from sera_core.agents.tree import read_trees, write_trees
+from sera_core.course import pick_tasks
 from sera_core.envs.registry import BENCHMARKS, record_value
 from sera_core.eval.points import heldout_points, point_metrics
 from sera_core.policy.hf import HFPolicy
@@ -62,10 +63,9 @@ spread over the level (TextWorld's test file is ordered by family) or its first 
 
 def points_tasks(env: str, count: int) -> list[dict]:
     """The last ``count`` tasks of the benchmark's hardest :data:`MEASURED` level in its
-    evaluation split: where ``measure(points=...)`` builds its held-out delegation points."""
-    bench = BENCHMARKS[env]()
-    level = MEASURED[env][0][-1]
-    return [t for t in bench.generate_split(bench.eval_split) if record_value(t, "difficulty") == level][-count:] if count else []
+    evaluation split: where ``measure(points=...)`` (and ``scripts/tiny_experiment.py``) build
+    the held-out delegation points."""
+    return pick_tasks(env, difficulty=MEASURED[env][0][-1])[-count:] if count else []
 
 
 def measured_tasks(env: str, per_level: int) -> list[dict]:
