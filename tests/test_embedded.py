@@ -296,3 +296,28 @@ def test_measure_plays_groups_on_the_hardest_level_and_scores_held_out_points(ad
     assert figures["points"] == expected and figures["tasks"] == 3 and figures["seconds"] > 0
     assert 0.0 <= figures["rubric_validity"] <= 1.0 and 0.0 <= figures["pairwise_accuracy"] <= 1.0
     assert json.loads(save.read_text())["textcraft"]["points"] == figures
+
+
+def test_rescored_points_are_kept_chunk_by_chunk_and_a_rerun_resumes_after_them(adapter, tmp_path):
+    """``rescore_points`` appends each chunk to its file; a rerun keeps those lines as they are
+    (it does not rescore them) and rescores only the rest; a file written for other points is
+    refused."""
+    from sera_core.agents.points import DelegationPoint
+    from sera_core.tiny.measure import rescore_points
+
+    policy = HFPolicy(adapter)
+    kept = tmp_path / "points.jsonl"
+    first, seconds = rescore_points(policy, "textcraft", 2, kept=kept, chunk=1)
+    rows = [json.loads(line) for line in kept.read_text().splitlines()]
+    assert len(first) == len(rows) >= 2 and seconds > 0
+    assert [DelegationPoint.from_json(r["point"]).to_json() for r in rows] == [p.to_json() for p in first]
+    rows[0]["point"]["rubric_error"] = "kept from the first run"  # a mark a rescore would not reproduce
+    kept.write_text(json.dumps(rows[0]) + "\n")  # as if interrupted after the first chunk
+    again, _ = rescore_points(policy, "textcraft", 2, kept=kept, chunk=1)
+    assert again[0].rubric_error == "kept from the first run"
+    assert [p.to_json() for p in again[1:]] == [p.to_json() for p in first[1:]]  # greedy: the same bytes
+    assert len(kept.read_text().splitlines()) == len(first)
+    rows[0]["point"]["child_id"] = "elsewhere"
+    kept.write_text(json.dumps(rows[0]) + "\n")
+    with pytest.raises(ValueError, match="other held-out points"):
+        rescore_points(policy, "textcraft", 2, kept=kept, chunk=1)

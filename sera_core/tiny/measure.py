@@ -27,7 +27,9 @@ Tasks are played one difficulty at a time (all tasks of a difficulty concurrentl
 With ``save``, each difficulty's trees go to ``SAVE.<env>.<difficulty>.trees.jsonl`` as soon
 as its run ends and the figures to ``SAVE`` after each benchmark and each group run; a rerun
 with the same file skips what is already there: a measurement of hours resumes after an
-interruption, losing at most the run in progress.
+interruption, losing at most the run in progress. The held-out points are rescored
+:data:`POINTS_CHUNK` at a time and each chunk is kept in ``SAVE.<env>.points.jsonl`` as it
+ends (:func:`rescore_points`).
 """
 
 from __future__ import annotations
@@ -40,7 +42,10 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
+from tqdm.auto import tqdm
+
 from sera_core.agents.actors import PolicyActor
+from sera_core.agents.points import DelegationPoint
 from sera_core.agents.runtime import Rollout, Runtime, RuntimeConfig
 from sera_core.agents.summary import summarize
 from sera_core.agents.tree import read_trees, write_trees
@@ -49,6 +54,9 @@ from sera_core.envs.registry import BENCHMARKS, record_value
 from sera_core.eval.points import heldout_points, point_metrics
 from sera_core.policy.hf import HFPolicy
 from sera_core.utils.jsonio import write_atomic
+
+POINTS_CHUNK = 4
+"""Held-out points rescored at once (about 33 calls, one batch): the unit a rerun resumes from."""
 
 
 def well_formed(text: str, env: str) -> bool:
@@ -153,13 +161,49 @@ def measure(model: str | os.PathLike, tasks: dict[str, list[dict]], *, groups: i
             out[env]["pairwise_accuracy"] = counted["mean_pairwise_accuracy"]
             keep()
         if points and "points" not in out[env]:
-            held = heldout_points(env, points_tasks(env, points), seed=seed)
-            greedy = RuntimeConfig(temperature=0.0, rubric_temperature=0.0, seed=seed)
-            t0 = time.perf_counter()
-            rescored = Runtime(env, PolicyActor(policy, max_batch=max_batch), greedy).rescore_all(held, progress=progress)
-            out[env]["points"] = point_metrics(rescored) | {"tasks": points, "seconds": round(time.perf_counter() - t0, 1)}
+            kept = save.with_name(f"{save.name}.{env}.points.jsonl") if save is not None else None
+            rescored, seconds = rescore_points(policy, env, points, seed=seed, max_batch=max_batch, progress=progress,
+                                               kept=kept)
+            out[env]["points"] = point_metrics(rescored) | {"tasks": points, "seconds": seconds}
             keep()
     return out
+
+
+def rescore_points(policy: HFPolicy, env: str, tasks: int, *, seed: int = 0, max_batch: int = 64,
+                   progress: bool = False, kept: Path | None = None,
+                   chunk: int = POINTS_CHUNK) -> tuple[list[DelegationPoint], float]:
+    """The held-out points of the last ``tasks`` tasks (:func:`points_tasks`) rescored by
+    ``policy`` at temperature 0, ``chunk`` points at a time, and the seconds it took.
+
+    With ``kept``, each finished chunk is appended to that JSON-lines file (one rescored point
+    and its share of the chunk's seconds a line) and a rerun starts after the points already
+    there, so an interrupted run of hours loses at most one chunk. A line whose point is not
+    the held-out point expected at its position (another ``tasks``, ``seed`` or code version)
+    is an error, not a silent mix."""
+    held = heldout_points(env, points_tasks(env, tasks), seed=seed)
+    rows = [json.loads(line) for line in kept.read_text().splitlines()] if kept is not None and kept.exists() else []
+    done = [DelegationPoint.from_json(row["point"]) for row in rows]
+    if len(done) > len(held):
+        raise ValueError(f"{kept}: {len(done)} points kept, only {len(held)} held out: remove it")
+    for i, (point, want) in enumerate(zip(done, held[:len(done)], strict=True)):
+        if (point.tree_id, point.child_id) != (want.tree_id, want.child_id):
+            raise ValueError(f"{kept}: line {i + 1} holds point {point.tree_id}/{point.child_id}, expected "
+                             f"{want.tree_id}/{want.child_id}: it was written for other held-out points; remove it")
+    seconds = sum(row["seconds"] for row in rows)
+    greedy = RuntimeConfig(temperature=0.0, rubric_temperature=0.0, seed=seed)
+    runtime = Runtime(env, PolicyActor(policy, max_batch=max_batch), greedy)
+    for start in tqdm(range(len(done), len(held), chunk), desc=f"rescore {env} points ({chunk} at a time)",
+                      disable=not progress):
+        t0 = time.perf_counter()
+        part = runtime.rescore_all(held[start:start + chunk])
+        share = (time.perf_counter() - t0) / len(part)
+        seconds += share * len(part)
+        done += part
+        if kept is not None:
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            with kept.open("a") as f:
+                f.writelines(json.dumps({"seconds": round(share, 2), "point": p.to_json()}) + "\n" for p in part)
+    return done, round(seconds, 1)
 
 
 def group_tasks(tasks: list[dict], groups: int) -> list[dict]:
