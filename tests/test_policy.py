@@ -77,6 +77,51 @@ def test_stop_strings_and_length(policy):
     assert stopped.token_ids == free.token_ids[: len(stopped.token_ids)] and len(stopped.token_ids) < 20
 
 
+def test_json_object_closed_only_when_the_first_object_is_complete():
+    """True exactly when the object at the first ``{`` is complete: the first object the
+    parsers read is then fixed whatever follows; an open or invalid first object runs on."""
+    from sera_core.policy.base import json_object_closed
+    from sera_core.rubrics import extract_json_object
+
+    assert not json_object_closed("") and not json_object_closed("no object yet")
+    assert not json_object_closed('{"s": [{"n": 1}')  # an inner object is complete, the first is not
+    assert json_object_closed('```json\n{"s": [{"n": 1}], "t": "}"}')
+    done = 'I score it: {"a": {"b": [1, 2]}, "c": "x}"}'
+    assert json_object_closed(done)
+    for tail in ("", "\n```", ' garbage {"a": 2}', "}}}"):
+        assert extract_json_object(done + tail) == {"a": {"b": [1, 2]}, "c": "x}"}
+    assert not json_object_closed('use {item} first, then {"a": 1}')  # invalid first object: never stops early
+
+
+def test_stop_json_ends_at_the_closing_token_and_both_backends_cut_the_same(tmp_path):
+    """A model that writes a JSON object and runs on stops at the token that closes it
+    (finish reason ``json``), its tokens and log-probabilities a prefix of the free run;
+    ``json_stop_length`` (the vLLM backend's cut) finds the same length in the free run."""
+    from sera_core.policy.base import json_object_closed, json_stop_length
+
+    text = 'Score: {"success": true, "final_score": 1.0} and then it goes on and on'
+    path = build_tiny(tmp_path / "m", [text] * 20, vocab_size=300, cfg=TinyModelConfig(), seed=0)
+    model = HFPolicy(path, device="cpu")
+    ids = model.tokenizer(text)["input_ids"]
+    optimizer = torch.optim.Adam(model.model.parameters(), lr=3e-3)
+    batch = torch.tensor([ids])
+    for _ in range(150):  # memorise the one line
+        optimizer.zero_grad()
+        model.model(input_ids=batch, labels=batch).loss.backward()
+        optimizer.step()
+    model.model.eval()
+    model.store.clear()
+    prompt = ids[:next(i for i in range(len(ids)) if "{" in model.decode(ids[:i + 1]))]  # "Score:"
+    free = model.generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=40))[0]
+    assert "{" not in model.decode(prompt) and "} and then" in free.text  # it runs on past the object
+    stopped = model.generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=40, stop_json=True))[0]
+    assert stopped.finish_reason == "json" and stopped.text.endswith("1.0}")
+    assert stopped.token_ids == free.token_ids[:len(stopped.token_ids)]
+    assert stopped.logprobs == pytest.approx(free.logprobs[:len(stopped.token_ids)], abs=1e-5)
+    assert json_stop_length(free.token_ids, model.decode) == len(stopped.token_ids)
+    assert json_object_closed(stopped.text) and not json_object_closed(model.decode(stopped.token_ids[:-1]))
+
+
 def test_bad_inputs_fail_clearly(policy):
     with pytest.raises(ValueError, match="at least one token"):
         policy.generate([[]], SamplingParams())

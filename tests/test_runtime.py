@@ -139,6 +139,23 @@ def test_counterfactual_groups_textcraft(tokenizer, val_tasks):
     assert all(len({json.dumps(p.state_before, sort_keys=True)}) == 1 for p in points)
 
 
+def test_rubric_and_scoring_calls_stop_at_their_json_object_and_act_turns_do_not(tokenizer, val_tasks):
+    """Every rubric and scoring call asks the policy to stop at the token that closes its
+    first JSON object (``SamplingParams.stop_json``); agent turns never do."""
+    seen = []
+
+    class Recording(ExpertPolicy):
+        async def complete(self, call):
+            seen.append((call.kind, call.params.stop_json))
+            return await super().complete(call)
+
+    actor = Recording(tokenizer, textcraft=tc_expert.ExpertConfig(mode="delegate", waste=0.3, early_finish=0.1))
+    Runtime("textcraft", actor, RuntimeConfig(counterfactual=4)).run(pick(val_tasks, "medium", 1))
+    kinds = {kind for kind, _ in seen}
+    assert {"act", "rubric", "score"} <= kinds
+    assert all(stop == (kind != "act") for kind, stop in seen)
+
+
 def test_rescoring_a_point_keeps_its_branches_and_redoes_rubric_and_scores(tokenizer, val_tasks):
     """A fixed set of points, scored again: the same writer and scorer give back the same
     rubric, scores and ranking; another policy's rubric and scores are its own, on the same

@@ -114,7 +114,8 @@ class RuntimeConfig:
     max_new_tokens: int | None = None
     """Completion cap per agent turn (None: the benchmark's, TextCraft 512, TextWorld 3,072)."""
     call_max_new_tokens: int = 1024
-    """Completion cap of rubric and scoring calls."""
+    """Completion cap of rubric and scoring calls (they also end at the token that closes
+    their first JSON object: ``SamplingParams.stop_json``, a departure listed in the README)."""
     max_context_tokens: int | None = None
     """An agent's context limit (None: the benchmark's, TextCraft 10,240, TextWorld 13,312)."""
     counterfactual: int = 0
@@ -522,7 +523,7 @@ class Runtime:
         the external writer: ``(text, turn, meta)``; ``turn`` is None for the external writer."""
         actor = self.external if self.cfg.rubric_writer == "external" else self.actor
         params = SamplingParams(temperature=self.cfg.rubric_temperature, max_new_tokens=self.cfg.call_max_new_tokens,
-                                seed=seed)
+                                seed=seed, stop_json=True)
         messages = rubric_messages(call["prompt"])
         ids = actor.chat.prompt(messages) if actor.chat is not None else []
         gen = await actor.complete(Call("rubric", ids, params, key, info=call["info"], messages=messages))
@@ -548,7 +549,7 @@ class Runtime:
                                          max_section_chars=cfg.max_section_chars)
         actor = self.external if cfg.scorer == "external" else self.actor
         params = SamplingParams(temperature=cfg.score_temperature, max_new_tokens=cfg.call_max_new_tokens,
-                                seed=derive_seed(cfg.seed, key, "score"))
+                                seed=derive_seed(cfg.seed, key, "score"), stop_json=True)
         messages = score_messages(prompt_text)
         ids = actor.chat.prompt(messages) if actor.chat is not None else []
         info = {"env": self.benchmark.name, "rubric": rubric, "outcome": child["outcome"]}

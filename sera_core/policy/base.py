@@ -11,13 +11,16 @@ decoded text. Conventions shared by all backends:
 * Temperature 0 is greedy decoding (deterministic).
 * Generation ends at the end-of-sequence token (kept, with its logprob), at the first
   completion of a stop string (the tokens that complete it are kept, so the stop
-  string is part of the text: trajectories keep every generated token), or at
-  ``max_new_tokens``.
+  string is part of the text: trajectories keep every generated token), with
+  ``stop_json`` at the token that completes the first JSON object (:func:`json_object_closed`),
+  or at ``max_new_tokens``.
 * ``seed`` makes sampling reproducible per sequence, independent of batch composition.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -36,6 +39,11 @@ class SamplingParams:
     """Per-sequence sampling seed (derived per sample by the caller)."""
     top_p: float = 1.0
     """Nucleus sampling mass (1.0 = off)."""
+    stop_json: bool = False
+    """End the completion at the token that completes its first JSON object (rubric and
+    scoring calls: their parsers read only that object, so later tokens change nothing, and a
+    model that writes the object and then runs on, as the embedded policy does, stops there
+    instead of at ``max_new_tokens``)."""
 
     def __post_init__(self) -> None:
         if self.temperature < 0 or self.max_new_tokens < 1 or not 0 < self.top_p <= 1:
@@ -51,7 +59,7 @@ class Generation:
     """One per token (see the module docstring)."""
     text: str
     finish_reason: str
-    """``stop`` (a stop string), ``eos`` or ``length``."""
+    """``stop`` (a stop string), ``json`` (``stop_json``), ``eos`` or ``length``."""
     stop_string: str | None = None
     meta: dict = field(default_factory=dict)
 
@@ -82,3 +90,30 @@ def per_prompt(params: SamplingParams | list[SamplingParams], n: int) -> list[Sa
     if len(params) != n:
         raise ValueError(f"{len(params)} sampling params for {n} prompts")
     return list(params)
+
+
+def json_object_closed(text: str) -> bool:
+    """Whether a complete JSON object starts at the first ``{`` of ``text``.
+
+    Then :func:`~sera_core.rubrics.extract_json_object` returns that same object for ``text``
+    and for every continuation of it (it decodes from the first ``{`` and an object's end
+    does not depend on what follows), so generation may stop there losing nothing the
+    parsers read. Otherwise (no ``{`` yet, the object still open, or invalid JSON from the
+    first ``{``) it is False and generation goes on."""
+    start = text.find("{")
+    if start == -1:
+        return False
+    try:
+        json.JSONDecoder().raw_decode(text, start)
+    except (json.JSONDecodeError, RecursionError):
+        return False
+    return True
+
+
+def json_stop_length(token_ids: list[int], decode: Callable[[list[int]], str]) -> int | None:
+    """The number of leading tokens of ``token_ids`` whose text first closes a JSON object
+    (:func:`json_object_closed`; checked only after tokens that print a ``}``), or None."""
+    for n in range(1, len(token_ids) + 1):
+        if "}" in decode(token_ids[n - 1:n]) and json_object_closed(decode(token_ids[:n])):
+            return n
+    return None

@@ -5,7 +5,10 @@ as token ids (``TokensPrompt``), so the runtime's token bookkeeping is exact;
 ``logprobs=0`` asks vLLM for the sampled token's log-probability (vLLM's default
 ``raw_logprobs`` mode: the unmodified model distribution, as in
 :mod:`sera_core.policy.base`); ``include_stop_str_in_output=True`` keeps the tokens
-that complete a stop string, as the ``hf`` backend does.
+that complete a stop string, as the ``hf`` backend does. ``stop_json`` has no vLLM
+counterpart: the completion is generated to its own end and then cut after the token that
+closes its first JSON object (:func:`~sera_core.policy.base.json_stop_length`), so both
+backends return the same tokens (vLLM spends the GPU time of the rest).
 
 :meth:`VLLMPolicy.load_weights` pushes a trainer's state dict into the running engine
 in place (after every optimizer update), through ``LLM.apply_model`` and the model's
@@ -18,7 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from sera_core.policy.base import Generation, SamplingParams, per_prompt
+from sera_core.policy.base import Generation, SamplingParams, json_stop_length, per_prompt
 from sera_core.policy.chat import chat_ids
 
 
@@ -52,12 +55,14 @@ class VLLMPolicy:
         ]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], vparams, use_tqdm=False)
         result = []
-        for out in outputs:
+        for out, p in zip(outputs, ps, strict=True):
             o = out.outputs[0]
             ids = list(o.token_ids)
             logprobs = [float(step[token].logprob) for step, token in zip(o.logprobs, ids, strict=True)]
             reason = "stop" if o.stop_reason is not None and isinstance(o.stop_reason, str) else (
                 "length" if o.finish_reason == "length" else "eos")
+            if p.stop_json and (cut := json_stop_length(ids, self.decode)) is not None:
+                ids, logprobs, reason = ids[:cut], logprobs[:cut], "json"  # as the hf backend stops (cut after)
             result.append(Generation(ids, logprobs, self.decode(ids), reason,
                                      o.stop_reason if isinstance(o.stop_reason, str) else None))
         return result
