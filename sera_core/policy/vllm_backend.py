@@ -59,12 +59,11 @@ class VLLMPolicy:
             o = out.outputs[0]
             ids = list(o.token_ids)
             logprobs = [float(step[token].logprob) for step, token in zip(o.logprobs, ids, strict=True)]
-            reason = "stop" if o.stop_reason is not None and isinstance(o.stop_reason, str) else (
-                "length" if o.finish_reason == "length" else "eos")
+            stop = o.stop_reason if isinstance(o.stop_reason, str) else None
+            reason = "stop" if stop is not None else ("length" if o.finish_reason == "length" else "eos")
             if p.stop_json and (cut := json_stop_length(ids, self.decode)) is not None:
-                ids, logprobs, reason = ids[:cut], logprobs[:cut], "json"  # as the hf backend stops (cut after)
-            result.append(Generation(ids, logprobs, self.decode(ids), reason,
-                                     o.stop_reason if isinstance(o.stop_reason, str) else None))
+                ids, logprobs, reason, stop = ids[:cut], logprobs[:cut], "json", None  # where the hf backend stops
+            result.append(Generation(ids, logprobs, self.decode(ids), reason, stop))
         return result
 
     def load_weights(self, state_dict: Mapping[str, "object"]) -> None:
