@@ -175,9 +175,9 @@ def rescore_points(policy: HFPolicy, env: str, tasks: int, *, seed: int = 0, max
     """The held-out points of the last ``tasks`` tasks (:func:`points_tasks`) rescored by
     ``policy`` at temperature 0, ``chunk`` points at a time, and the seconds it took.
 
-    With ``kept``, each finished chunk is appended to that JSON-lines file (one rescored point
-    and its share of the chunk's seconds a line) and a rerun starts after the points already
-    there, so an interrupted run of hours loses at most one chunk. A line whose point is not
+    With ``kept``, each finished chunk is added to that JSON-lines file (one rescored point
+    and its share of the chunk's seconds a line; the file is replaced atomically) and a rerun
+    starts after the points already there, so an interrupted run of hours loses at most one chunk. A line whose point is not
     the held-out point expected at its position (another ``tasks``, ``seed`` or code version)
     is an error, not a silent mix."""
     held = heldout_points(env, points_tasks(env, tasks), seed=seed)
@@ -199,10 +199,10 @@ def rescore_points(policy: HFPolicy, env: str, tasks: int, *, seed: int = 0, max
         share = (time.perf_counter() - t0) / len(part)
         seconds += share * len(part)
         done += part
-        if kept is not None:
+        if kept is not None:  # the whole file again, atomically: an interruption never leaves half a line
+            rows += [{"seconds": round(share, 2), "point": p.to_json()} for p in part]
             kept.parent.mkdir(parents=True, exist_ok=True)
-            with kept.open("a") as f:
-                f.writelines(json.dumps({"seconds": round(share, 2), "point": p.to_json()}) + "\n" for p in part)
+            write_atomic(kept, "".join(json.dumps(row) + "\n" for row in rows).encode())
     return done, round(seconds, 1)
 
 
