@@ -299,7 +299,7 @@ def test_measure_plays_groups_on_the_hardest_level_and_scores_held_out_points(ad
 
 
 def test_rescored_points_are_kept_chunk_by_chunk_and_a_rerun_resumes_after_them(adapter, tmp_path):
-    """``rescore_points`` appends each chunk to its file; a rerun keeps those lines as they are
+    """``rescore_points`` adds each chunk to its file; a rerun keeps those lines as they are
     (it does not rescore them) and rescores only the rest; a file written for other points is
     refused."""
     from sera_core.agents.points import DelegationPoint

@@ -110,10 +110,14 @@ def json_object_closed(text: str) -> bool:
     return True
 
 
+def json_closed_by_last(token_ids: list[int], decode: Callable[[list[int]], str]) -> bool:
+    """Whether the last of ``token_ids`` completes the text's first JSON object
+    (:func:`json_object_closed`, decoded only when that token prints a ``}``): the ``stop_json``
+    test of every backend, so they stop at the same token."""
+    return "}" in decode(token_ids[-1:]) and json_object_closed(decode(token_ids))
+
+
 def json_stop_length(token_ids: list[int], decode: Callable[[list[int]], str]) -> int | None:
-    """The number of leading tokens of ``token_ids`` whose text first closes a JSON object
-    (:func:`json_object_closed`; checked only after tokens that print a ``}``), or None."""
-    for n in range(1, len(token_ids) + 1):
-        if "}" in decode(token_ids[n - 1:n]) and json_object_closed(decode(token_ids[:n])):
-            return n
-    return None
+    """The number of leading tokens of ``token_ids`` at which :func:`json_closed_by_last`
+    first holds (where ``stop_json`` ends a completion), or None."""
+    return next((n for n in range(1, len(token_ids) + 1) if json_closed_by_last(token_ids[:n], decode)), None)

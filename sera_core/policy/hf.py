@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from sera_core.policy.base import Generation, SamplingParams, json_object_closed, per_prompt
+from sera_core.policy.base import Generation, SamplingParams, json_closed_by_last, per_prompt
 from sera_core.policy.chat import chat_ids
 
 SHARED_PREFIX_MIN = 32
@@ -186,7 +186,7 @@ class HFPolicy:
                     reasons[i] = "eos"
                 elif ps[i].stop and (hit := self._stop_hit(tokens[i], ps[i].stop)) is not None:
                     reasons[i], stops[i] = "stop", hit
-                elif ps[i].stop_json and "}" in self.decode([token]) and json_object_closed(self.decode(tokens[i])):
+                elif ps[i].stop_json and json_closed_by_last(tokens[i], self.decode):
                     reasons[i] = "json"
                 elif len(tokens[i]) >= ps[i].max_new_tokens:
                     reasons[i] = "length"

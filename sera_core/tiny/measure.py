@@ -177,9 +177,9 @@ def rescore_points(policy: HFPolicy, env: str, tasks: int, *, seed: int = 0, max
 
     With ``kept``, each finished chunk is added to that JSON-lines file (one rescored point
     and its share of the chunk's seconds a line; the file is replaced atomically) and a rerun
-    starts after the points already there, so an interrupted run of hours loses at most one chunk. A line whose point is not
-    the held-out point expected at its position (another ``tasks``, ``seed`` or code version)
-    is an error, not a silent mix."""
+    starts after the points already there, so an interrupted run of hours loses at most one
+    chunk. A line whose point is not the held-out point expected at its position (another
+    ``tasks``, ``seed`` or code version) is an error, not a silent mix."""
     held = heldout_points(env, points_tasks(env, tasks), seed=seed)
     rows = [json.loads(line) for line in kept.read_text().splitlines()] if kept is not None and kept.exists() else []
     done = [DelegationPoint.from_json(row["point"]) for row in rows]
