@@ -321,3 +321,34 @@ def test_rescored_points_are_kept_chunk_by_chunk_and_a_rerun_resumes_after_them(
     kept.write_text(json.dumps(rows[0]) + "\n")
     with pytest.raises(ValueError, match="other held-out points"):
         rescore_points(policy, "textcraft", 2, kept=kept, chunk=1)
+
+
+def test_group_trees_are_kept_as_they_end_and_a_rerun_plays_only_the_rest(tmp_path):
+    """``play_groups`` keeps each tree with its delegation points as it ends; a rerun reads the
+    kept ones (it does not play them again) and plays the rest, which come out as one run would
+    have played them (seeds derive from tree ids); the summary counts groups from kept and new
+    trees alike; a file written for other tasks is refused."""
+    from sera_core.agents.summary import summarize
+    from sera_core.course import noisy_expert
+    from sera_core.envs.textcraft.tasks import generate_split
+    from sera_core.tiny.measure import play_groups
+
+    medium = [t for t in generate_split("val") if t["misc"]["difficulty"] == "medium"][:2]
+    kept = tmp_path / "groups.jsonl"
+    first = play_groups(noisy_expert(), "textcraft", medium, kept=kept)
+    rows = [json.loads(line) for line in kept.read_text().splitlines()]
+    assert sorted(r["tree"]["tree_id"] for r in rows) == sorted(r.tree.tree_id for r in first) and len(rows) == 2
+    assert [r.tree.tree_id for r in first] == [f"{t['id']}/t0" for t in medium]  # task order, not finishing order
+    counted = summarize(first)
+    assert counted["groups"]["total"] == sum(len(r["points"]) for r in rows) > 0  # the expert delegates: real groups
+    mine = next(r for r in rows if r["tree"]["tree_id"] == first[0].tree.tree_id)
+    mine["tree"]["meta"]["kept_mark"] = "from the first run"  # a mark a replay would not reproduce
+    kept.write_text(json.dumps(mine) + "\n")  # as if interrupted after the first tree ended
+    again = play_groups(noisy_expert(), "textcraft", medium, kept=kept)
+    assert again[0].tree.meta["kept_mark"] == "from the first run"
+    assert [p.to_json() for p in again[0].points] == [p.to_json() for p in first[0].points]
+    assert again[1].tree.to_json() == first[1].tree.to_json()  # replayed: the same tree
+    assert summarize(again)["groups"] == counted["groups"]
+    assert len(kept.read_text().splitlines()) == 2
+    with pytest.raises(ValueError, match="other tasks"):
+        play_groups(noisy_expert(), "textcraft", medium[1:], kept=kept)

@@ -56,7 +56,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -311,12 +311,15 @@ class Runtime:
         return Rollout(tree, shared.points, round(time.perf_counter() - t0, 4))
 
     async def rollouts(self, records: Sequence[dict], *, trees: int = 1, progress: bool = False,
-                       part: tuple[int, int] = (0, 1)) -> list[Rollout]:
+                       part: tuple[int, int] = (0, 1),
+                       on_done: Callable[[Rollout], None] | None = None) -> list[Rollout]:
         """``trees`` rollouts of every record, all concurrently (batched through one actor).
 
         Tree ids are ``{task_id}/t{k}``; results come back in input order. ``part=(i, n)``
         plays only the trees ``i::n`` of that order (process ``i`` of ``n``): a tree's seed
-        derives from its id, so the union of the parts equals one run of all trees."""
+        derives from its id, so the union of the parts equals one run of all trees.
+        ``on_done`` is called with each rollout as it finishes (in finishing order), so a
+        caller can keep it before the slowest tree of the run ends."""
         index, count = part
         if not 0 <= index < count:
             raise ValueError(f"part {part}: need 0 <= index < count")
@@ -325,6 +328,8 @@ class Runtime:
 
         async def one(rec: dict, tid: str) -> Rollout:
             out = await self.rollout(rec, tid)
+            if on_done is not None:
+                on_done(out)
             bar.update(1)
             bar.set_postfix(success=f"{out.tree.root_reward:.0f}")
             return out
@@ -335,11 +340,11 @@ class Runtime:
             bar.close()
 
     def run(self, records: Sequence[dict], *, trees: int = 1, progress: bool = False,
-            part: tuple[int, int] = (0, 1)) -> list[Rollout]:
+            part: tuple[int, int] = (0, 1), on_done: Callable[[Rollout], None] | None = None) -> list[Rollout]:
         """Synchronous :meth:`rollouts`. Called while an event loop runs in this thread
         (a notebook cell, the trainer inside one), it runs the rollouts on a fresh loop in a
         worker thread and waits; ``await rollouts(...)`` avoids that thread."""
-        return run_sync(lambda: self.rollouts(records, trees=trees, progress=progress, part=part))
+        return run_sync(lambda: self.rollouts(records, trees=trees, progress=progress, part=part, on_done=on_done))
 
     async def rescore(self, point: DelegationPoint) -> DelegationPoint:
         """The same delegation point with this runtime's rubric writer and scorer.

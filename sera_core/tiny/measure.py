@@ -25,9 +25,10 @@ and rubric and score validity are measured even where it never delegates itself.
 Tasks are played one difficulty at a time (all tasks of a difficulty concurrently, batched);
 ``seconds_per_task`` is each run's wall time over its task count (2 cores: what a user waits).
 With ``save``, each difficulty's trees go to ``SAVE.<env>.<difficulty>.trees.jsonl`` as soon
-as its run ends and the figures to ``SAVE`` after each benchmark and each group run; a rerun
-with the same file skips what is already there: a measurement of hours resumes after an
-interruption, losing at most the run in progress. The held-out points are rescored
+as its run ends, each counterfactual-group tree to ``SAVE.<env>.groups.jsonl`` as soon as it
+ends (:func:`play_groups`), and the figures to ``SAVE`` after each benchmark and each group
+run; a rerun with the same file skips what is already there: a measurement of hours resumes
+after an interruption, losing at most the trees in progress. The held-out points are rescored
 :data:`POINTS_CHUNK` at a time and each chunk is kept in ``SAVE.<env>.points.jsonl`` as it
 ends (:func:`rescore_points`).
 """
@@ -48,7 +49,7 @@ from sera_core.agents.actors import PolicyActor
 from sera_core.agents.points import DelegationPoint
 from sera_core.agents.runtime import Rollout, Runtime, RuntimeConfig
 from sera_core.agents.summary import summarize
-from sera_core.agents.tree import read_trees, write_trees
+from sera_core.agents.tree import Tree, read_trees, write_trees
 from sera_core.course import pick_tasks
 from sera_core.envs.registry import BENCHMARKS, record_value
 from sera_core.eval.points import heldout_points, point_metrics
@@ -152,9 +153,9 @@ def measure(model: str | os.PathLike, tasks: dict[str, list[dict]], *, groups: i
             out[env] = _figures(rollouts, env) | {"seconds_per_task": seconds}
             keep()
         if groups and "mixed_groups" not in out[env]:
-            sampled = RuntimeConfig(temperature=1.0, counterfactual=8, seed=seed)
-            counted = summarize(Runtime(env, PolicyActor(policy, max_batch=max_batch), sampled).run(
-                group_tasks(env_tasks, groups), progress=progress))
+            kept = save.with_name(f"{save.name}.{env}.groups.jsonl") if save is not None else None
+            counted = summarize(play_groups(PolicyActor(policy, max_batch=max_batch), env, group_tasks(env_tasks, groups),
+                                            seed=seed, progress=progress, kept=kept))
             total, valid = counted["groups"]["total"], counted["groups"]["valid"]
             out[env]["groups"] = total
             out[env]["mixed_groups"] = round(valid / total, 4) if total else None
@@ -204,6 +205,39 @@ def rescore_points(policy: HFPolicy, env: str, tasks: int, *, seed: int = 0, max
             kept.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(kept, "".join(json.dumps(row) + "\n" for row in rows).encode())
     return done, round(seconds, 1)
+
+
+def play_groups(actor: Any, env: str, tasks: list[dict], *, seed: int = 0, progress: bool = False,
+                kept: Path | None = None) -> list[Rollout]:
+    """``tasks`` played concurrently by ``actor`` (what :class:`Runtime` takes: a
+    :class:`PolicyActor`) at temperature 1 with counterfactual groups of B = 8: their rollouts
+    (trees and delegation points), in task order.
+
+    With ``kept``, each rollout is added to that JSON-lines file as soon as its tree ends (tree,
+    points and seconds a line; the file is replaced atomically) and a rerun plays only the
+    tasks not there. One tree can take an hour on 2 cores, so an interruption loses at most the
+    trees in progress; a tree's seed derives from its id, so the kept trees are the ones a
+    single run would play. A line for a task not in ``tasks`` is an error, not a silent mix."""
+    sampled = RuntimeConfig(temperature=1.0, counterfactual=8, seed=seed)
+    runtime = Runtime(env, actor, sampled)
+    rows = [json.loads(line) for line in kept.read_text().splitlines()] if kept is not None and kept.exists() else []
+    ids = [f"{runtime.benchmark.task_id(t)}/t0" for t in tasks]  # Runtime.rollouts' tree ids
+    done = {row["tree"]["tree_id"]: Rollout(Tree.from_json(row["tree"]), [DelegationPoint.from_json(p) for p in row["points"]],
+                                            row["seconds"]) for row in rows}
+    if set(done) - set(ids):
+        raise ValueError(f"{kept}: holds trees {sorted(set(done) - set(ids))}, not among the group tasks "
+                         f"{ids}: it was written for other tasks; remove it")
+
+    def keep(rollout: Rollout) -> None:
+        rows.append({"tree": rollout.tree.to_json(), "points": [p.to_json() for p in rollout.points],
+                     "seconds": rollout.seconds})
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(kept, "".join(json.dumps(row) + "\n" for row in rows).encode())
+
+    todo = [t for t, i in zip(tasks, ids, strict=True) if i not in done]
+    played = runtime.run(todo, progress=progress, on_done=keep if kept is not None else None)
+    done |= {r.tree.tree_id: r for r in played}
+    return [done[i] for i in ids]
 
 
 def group_tasks(tasks: list[dict], groups: int) -> list[dict]:
