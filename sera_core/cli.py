@@ -246,8 +246,8 @@ def cmd_tiny(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.action == "build":
         recipe = SMALL_WARMSTART if args.small else WarmStartRecipe()
-        if args.perturb:
-            recipe = replace(recipe, demos=replace(recipe.demos, perturb=args.perturb))
+        recipe = replace(recipe, demos=replace(recipe.demos, perturb=args.perturb, explain=args.explain,
+                                               oversample=args.oversample))
         out = args.out or Path.home() / ".cache" / "sera" / "embedded" / recipe.config_hash()
         manifest = build_adapter(recipe, out, progress=True)
         return {"action": "build", "out": str(out), "recipe_hash": manifest["recipe_hash"],
@@ -428,6 +428,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--perturb", type=float, default=0.0,
                    help="build: share of the expert's turns replaced by harmless mistakes it recovers from (recovery "
                         "demonstrations; 0: the shipped recipe)")
+    p.add_argument("--explain", action="store_true",
+                   help="build: the expert spells out its delegation decision, crafting arithmetic and gate check "
+                        "(DemoConfig.explain; off: the shipped recipe)")
+    p.add_argument("--oversample", type=int, default=1,
+                   help="build: repeat samples that delegate or score a failed child this many times (1: the shipped recipe)")
     p.add_argument("--out", type=Path,
                    help="build: output folder (default ~/.cache/sera/embedded/<recipe hash>); measure: the adapter "
                         "folder (default: the shipped one)")

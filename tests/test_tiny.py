@@ -141,6 +141,54 @@ def test_perturbed_demonstrations_show_mistakes_then_recovery_and_never_learn_th
                    for m in mistakes[:3] for s in got for i in range(len(s.prompt_ids) - len(m.completion_ids) + 1))
 
 
+def test_explained_demonstrations_write_each_decision_after_its_facts_and_oversample_the_rare_ones(tokenizer):
+    """``DemoConfig.explain``: the same moves (every code cell, rubric and score value) as
+    without it, only longer thoughts: a delegating agent lists its direct ingredients' depths
+    and compares them with the threshold before it launches, crafts show their products, and
+    the scorer's ``reason`` (first) checks the gate on the counts before ``success``.
+    ``oversample``: exactly the samples that delegate or score a failed child come n times."""
+    from sera_core.rubrics import parse_rubric, parse_score
+
+    cfg = DemoConfig(textcraft_worlds=3, textcraft_mix={"easy": 1, "medium": 1}, textworld_tasks=0, noisy_every=2)
+    plain = play("textcraft", textcraft_tasks(cfg), tokenizer, cfg)
+    told = play("textcraft", textcraft_tasks(cfg), tokenizer, DemoConfig(**{**cfg.__dict__, "explain": True}))
+    assert [r.tree.root_reward for r in told] == [r.tree.root_reward for r in plain]
+    acts = {True: [], False: []}
+    for flag, rollouts in ((False, plain), (True, told)):
+        for r in rollouts:
+            for n in r.tree.nodes.values():
+                acts[flag] += [t.text.split("</thought>")[1] if t.kind == "act" else t.text for t in n.turns
+                               if t.kind != "score"]
+    assert acts[True] == acts[False]  # the same cells and rubrics, in the same order
+    launches = [t.text for r in told for n in r.tree.nodes.values() for t in n.turns if "launch" in t.roles]
+    assert launches and all("Direct ingredients: " in t and ">= 2, so I delegate" in t for t in launches)
+    thoughts = [t.text for r in told for n in r.tree.nodes.values() for t in n.turns if t.kind == "act"]
+    assert any("< 2, so I make everything myself" in t for t in thoughts)  # easy roots decide too
+    assert any(" per craft = " in t and "ingredients " in t for t in thoughts)
+    scored = [(b.score_turn, b.label, p) for r in told for p in r.points for b in p.branches
+              if b.score_turn is not None]
+    assert {label for _, label, _ in scored} == {True, False}
+    for turn, label, point in scored:
+        data = json.loads(turn.text)
+        assert list(data)[:2] == ["reason", "success"] and data["success"] is label
+        assert ("(short)" in data["reason"]) is (not label) and "at the start" in data["reason"]
+        assert parse_score(turn.text, parse_rubric(json.dumps(point.rubric)).value).value is not None
+    world = DemoConfig(textcraft_worlds=0, textworld_tasks=2, noisy_every=1, explain=True)
+    world_scores = [json.loads(t.text) for r in play("textworld", textworld_tasks(world), tokenizer, world)
+                    for n in r.tree.nodes.values() for t in n.turns if t.kind == "score"]
+    assert world_scores and all(list(d)[0] == "reason" and d["reason"].startswith("the goal's state: ") for d in world_scores)
+    # oversampling: the same samples, the rare ones three times
+    for r in told:
+        once, thrice = list(rollout_samples(r)), list(rollout_samples(r, 3))
+        rare = [s for s in once if thrice.count(s) == 3 * once.count(s) and once.count(s)]
+        assert len(thrice) == len(once) + 2 * len(rare) and set(thrice) == set(once)
+        fails = sum(1 for n in r.tree.nodes.values() for t in n.turns
+                    if t.kind == "score" and r.tree.nodes[t.meta["child"]].label is False)
+        fails += sum(1 for p in r.points for b in p.branches[1:] if b.score_turn is not None and b.label is False)
+        delegating = sum(1 for n in r.tree.nodes.values() if any("launch" in t.roles for t in n.turns))
+        assert len(rare) == fails + delegating
+
+
 def test_recipe_hash_tracks_every_setting():
     assert TinyRecipe().config_hash() == TinyRecipe().config_hash() != SMALL.config_hash()
     assert TinyRecipe(seed=1).config_hash() != TinyRecipe().config_hash()
@@ -150,6 +198,12 @@ def test_recipe_hash_tracks_every_setting():
     assert "perturb" not in base.to_json()["demos"]  # added later: left out at its default, old names hold
     perturbed = WarmStartRecipe(demos=DemoConfig(**{**base.to_json()["demos"], "perturb": 0.1}))
     assert perturbed.to_json()["demos"]["perturb"] == 0.1 and perturbed.config_hash() != base.config_hash()
+    assert not {"explain", "oversample"} & set(base.to_json()["demos"])
+    hashes = {WarmStartRecipe(demos=DemoConfig(**{**base.to_json()["demos"], **extra})).config_hash()
+              for extra in ({"explain": True}, {"oversample": 3}, {"explain": True, "oversample": 3})}
+    assert len(hashes) == 3 and base.config_hash() not in hashes
+    with pytest.raises(ValueError, match="oversample"):
+        DemoConfig(oversample=0)
 
 
 @pytest.mark.skipif(not (ASSETS / "manifest.json").is_file(), reason="no shipped tiny model yet")

@@ -102,6 +102,7 @@ class Benchmark(Protocol):
     def expert_agent(self, config: Any, info: dict) -> Any: ...
     def expert_rubric(self, info: dict) -> dict: ...
     def expert_item_scores(self, outcome: dict, item_names: set[str]) -> tuple[bool, dict[str, float], str]: ...
+    def expert_check(self, outcome: dict) -> str: ...
     def perturbation(self, observation: str | None, info: dict, rng: Random) -> str: ...
     def after_mistake(self, held: str | None, current: str | None) -> str | None: ...
     def root_env(self, record: dict, *, max_steps: int, max_depth: int, child_max_steps: int) -> Any: ...
@@ -199,6 +200,10 @@ class TextCraftBenchmark:
     @staticmethod
     def expert_item_scores(outcome: dict, item_names: set[str]) -> tuple[bool, dict[str, float], str]:
         return craft_expert.item_scores(outcome, item_names)
+
+    @staticmethod
+    def expert_check(outcome: dict) -> str:
+        return craft_expert.gate_check(outcome)
 
     @staticmethod
     def perturbation(observation: str | None, info: dict, rng: Random) -> str:
@@ -302,6 +307,7 @@ class TextCraftBenchmark:
     def outcome(env: TextCraftEnv, start: dict, observations: list[str | None]) -> dict:
         verdict = env.state.verdict or asdict(env.check())
         return {"env": "textcraft", "targets": env.targets, "finished": env.state.finished, "steps": env.state.steps,
+                "start_counts": {t: env.state.start_inventory.get(t, 0) for t in env.targets},
                 "max_steps": env.state.max_steps, "verdict": _plain(verdict), "errors": count_errors(observations)}
 
     @staticmethod
@@ -382,6 +388,10 @@ class TextWorldBenchmark:
     @staticmethod
     def expert_item_scores(outcome: dict, item_names: set[str]) -> tuple[bool, dict[str, float], str]:
         return world_expert.item_scores(outcome, item_names)
+
+    @staticmethod
+    def expert_check(outcome: dict) -> str:
+        return world_expert.gate_check(outcome)
 
     @staticmethod
     def perturbation(observation: str | None, info: dict, rng: Random) -> str:

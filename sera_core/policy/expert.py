@@ -17,6 +17,11 @@ exact formats a model must produce, so its trees are supervised demonstrations:
   (net gains from the start and end inventories, the goal's state in the final world,
   error observations, irreversible mistakes, steps), already parsed.
 
+``explain=True`` (the embedded warm start's third recipe) spells out the decisions in the
+text an imitator learns: the TextCraft agents' delegation decision and crafting arithmetic
+(:attr:`~sera_core.envs.textcraft.expert.ExpertConfig.explain`) and the scorer's gate check,
+written before its verdict.
+
 Text becomes token ids with the actor's tokenizer (``logprobs`` are 0: the expert is
 deterministic given its seed); decoding the ids gives the text back exactly.
 """
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from typing import Any
 
 from sera_core.envs.registry import BENCHMARKS
@@ -44,12 +50,23 @@ def _item_scores(rubric: Rubric, outcome: dict) -> tuple[bool, dict[str, float],
     return gate, scores, reason
 
 
-def expert_score(rubric: Rubric, outcome: dict) -> dict[str, Any]:
-    """The scorer's JSON: gate, one score per item, final_score = g * sum_j w_j c_j."""
+def expert_score(rubric: Rubric, outcome: dict, *, explain: bool = False) -> dict[str, Any]:
+    """The scorer's JSON: gate, one score per item, final_score = g * sum_j w_j c_j.
+
+    With ``explain``, ``reason`` comes first and opens with the gate checked in words (the
+    benchmark's ``expert_check``: TextCraft's target counts at the start and the end against
+    the goal), so an imitator writes the check before it writes ``success`` (the parser reads
+    the keys in any order)."""
     gate, scores, reason = _item_scores(rubric, outcome)
     final = (1.0 if gate else 0.0) * sum(item.weight * scores[item.name] for item in rubric.items)
     if gate and final <= 0:
         gate, final, reason = False, 0.0, "every item scored 0"
+    if explain:
+        reason = f"{BENCHMARKS[outcome['env']].expert_check(outcome)}: {reason}"
+        return {"reason": reason, "success": gate,
+                "criterion_scores": [{"name": item.name, "score": round(scores[item.name], 4), "reason": ""}
+                                     for item in rubric.items],
+                "final_score": round(final, 4) if gate else 0.0}
     return {"success": gate,
             "criterion_scores": [{"name": item.name, "score": round(scores[item.name], 4), "reason": ""}
                                  for item in rubric.items],
@@ -62,11 +79,14 @@ class ExpertPolicy:
     enforce_context = False
 
     def __init__(self, tokenizer: Any, *, textcraft: CraftExpertConfig | None = None,
-                 textworld: WorldExpertConfig | None = None, perturb: float = 0.0):
+                 textworld: WorldExpertConfig | None = None, perturb: float = 0.0, explain: bool = False):
         if not 0.0 <= perturb < 1.0:
             raise ValueError(f"perturb is a probability in [0, 1), got {perturb!r}")
         self.chat = ChatFormat(tokenizer)
         self.textcraft = textcraft or CraftExpertConfig(mode="delegate")
+        if explain:  # the TextCraft agents spell out their decisions too
+            self.textcraft = replace(self.textcraft, explain=True)
+        self.explain = explain
         self.textworld = textworld or WorldExpertConfig(mode="delegate")
         self.perturb = perturb
         self._agents: dict[str, list] = {}  # agent -> [expert, act calls so far, observation held back]
@@ -79,7 +99,7 @@ class ExpertPolicy:
         elif call.kind == "rubric":
             text = json.dumps(BENCHMARKS[call.info["env"]].expert_rubric(call.info), indent=1)
         else:
-            text = json.dumps(expert_score(call.info["rubric"], call.info["outcome"]), indent=1)
+            text = json.dumps(expert_score(call.info["rubric"], call.info["outcome"], explain=self.explain), indent=1)
         ids = self.chat.encode(text)
         return Generation(ids, [0.0] * len(ids), self.chat.decode(ids), "stop", meta=meta)
 

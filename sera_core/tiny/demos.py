@@ -66,10 +66,22 @@ class DemoConfig:
     ``perturb``): the transcripts then show errors followed by good moves, and the model
     learns to recover from its own mistakes; the mistakes themselves are never learnt
     (:func:`turn_samples`). 0: none (and the recipe hash is what it was before this field)."""
+    explain: bool = field(default=False, metadata={"hashed_when_set": True})
+    """The expert spells out its decisions (:class:`~sera_core.policy.expert.ExpertPolicy`'s
+    ``explain``): TextCraft's delegation decision (direct ingredients' depths against the
+    threshold) and crafting arithmetic, and the scorer's gate check before its verdict, so
+    that each decision is written after the facts it rests on instead of in its first token."""
+    oversample: int = field(default=1, metadata={"hashed_when_set": True})
+    """Each sample holding a rare decision is repeated this many times (:func:`rollout_samples`):
+    an agent's conversation that delegates, and a scoring call on a child that failed (most
+    scored children succeed, and a scorer that imitates the common case reports success for
+    all). 1: none."""
 
     def __post_init__(self) -> None:
         if self.textcraft_worlds < 0 or self.textworld_tasks < 0 or self.noisy_every < 1 or self.copy_drills < 0:
             raise ValueError("textcraft_worlds, textworld_tasks, copy_drills >= 0 and noisy_every >= 1 are required")
+        if self.oversample < 1:
+            raise ValueError("oversample is a repeat count >= 1")
         if not 0.0 <= self.perturb < 1.0:
             raise ValueError("perturb is a probability in [0, 1)")
         if any(n < 0 for n in self.textcraft_mix.values()):
@@ -108,15 +120,22 @@ def turn_samples(turns: list[Turn]) -> Iterator[Sample]:
     exactly those of one sample per turn, except that a *perturbation* (an act turn whose
     meta says ``perturbation``: a mistake put in on purpose) is context only, never learnt:
     a conversation that ends on one is cut after its last learnt turn."""
+    for sample, _ in _packed(turns):
+        yield sample
+
+
+def _packed(turns: list[Turn]) -> Iterator[tuple[Sample, list[Turn]]]:
+    """:func:`turn_samples`, each sample with the turns it holds."""
     run: Sample | None = None
+    run_turns: list[Turn] = []
     run_mistake = False  # whether run's completion is a perturbation
 
-    def finished(run: Sample, mistake: bool) -> Iterator[Sample]:
+    def finished(run: Sample, mistake: bool, held: list[Turn]) -> Iterator[tuple[Sample, list[Turn]]]:
         if not mistake:
-            yield run
+            yield run, held
         elif run.learn:  # the last learnt completion becomes the sample's completion
             a, b = run.learn[-1]
-            yield Sample(run.prompt_ids[:a], run.prompt_ids[a:b], learn=run.learn[:-1])
+            yield Sample(run.prompt_ids[:a], run.prompt_ids[a:b], learn=run.learn[:-1]), held[:-1]
 
     for turn in turns:
         if not turn.completion_ids:
@@ -124,28 +143,34 @@ def turn_samples(turns: list[Turn]) -> Iterator[Sample]:
         prompt, completion = tuple(turn.prompt_ids), tuple(turn.completion_ids)
         mistake = bool(turn.meta.get("perturbation"))
         if turn.kind != "act":
-            yield Sample(prompt, completion)
+            yield Sample(prompt, completion), [turn]
             continue
         if run is not None and prompt[:len(run.prompt_ids) + len(run.completion_ids)] == run.prompt_ids + run.completion_ids:
             learnt = () if run_mistake else ((len(run.prompt_ids), len(run.prompt_ids) + len(run.completion_ids)),)
             run, run_mistake = Sample(prompt, completion, learn=run.learn + learnt), mistake
+            run_turns = run_turns + [turn]
             continue
         if run is not None:
-            yield from finished(run, run_mistake)
-        run, run_mistake = Sample(prompt, completion), mistake
+            yield from finished(run, run_mistake, run_turns)
+        run, run_mistake, run_turns = Sample(prompt, completion), mistake, [turn]
     if run is not None:
-        yield from finished(run, run_mistake)
+        yield from finished(run, run_mistake, run_turns)
 
 
-def rollout_samples(rollout: Rollout) -> Iterator[Sample]:
+def rollout_samples(rollout: Rollout, oversample: int = 1) -> Iterator[Sample]:
     """Every turn of the tree (packed per agent, :func:`turn_samples`), and the detached
-    scoring calls of its branch groups."""
-    for node in rollout.tree.nodes.values():
-        yield from turn_samples(node.turns)
+    scoring calls of its branch groups; a sample that holds a delegation (a launch token) or
+    scores a child that failed (its judge label is False) comes ``oversample`` times."""
+    tree = rollout.tree
+    for node in tree.nodes.values():
+        for sample, held in _packed(node.turns):
+            rare = any("launch" in t.roles or (t.kind == "score" and tree.nodes[t.meta["child"]].label is False)
+                       for t in held)
+            yield from [sample] * (oversample if rare else 1)
     for point in rollout.points:
         for branch in point.branches[1:]:
             if branch.score_turn is not None:
-                yield from turn_samples([branch.score_turn])
+                yield from list(turn_samples([branch.score_turn])) * (oversample if branch.label is False else 1)
 
 
 def copy_drills(tokenizer: Any, cfg: DemoConfig) -> list[Sample]:
@@ -167,8 +192,9 @@ def copy_drills(tokenizer: Any, cfg: DemoConfig) -> list[Sample]:
 
 def play(env: str, tasks: list[dict], tokenizer: Any, cfg: DemoConfig, *, progress: bool = False) -> list[Rollout]:
     """The expert's rollouts of ``tasks`` (every ``noisy_every``-th one noisy, with groups)."""
-    clean = Runtime(env, ExpertPolicy(tokenizer, perturb=cfg.perturb), RuntimeConfig(seed=cfg.seed))
-    noisy = Runtime(env, ExpertPolicy(tokenizer, textcraft=NOISY_CRAFT, textworld=NOISY_WORLD, perturb=cfg.perturb),
+    clean = Runtime(env, ExpertPolicy(tokenizer, perturb=cfg.perturb, explain=cfg.explain), RuntimeConfig(seed=cfg.seed))
+    noisy = Runtime(env, ExpertPolicy(tokenizer, textcraft=NOISY_CRAFT, textworld=NOISY_WORLD, perturb=cfg.perturb,
+                                      explain=cfg.explain),
                     RuntimeConfig(seed=cfg.seed, counterfactual=4, fork_cap=8))
 
     async def main() -> list[Rollout]:
@@ -194,7 +220,7 @@ def demonstrations(tokenizer: Any, cfg: DemoConfig, *, progress: bool = False) -
             for node in r.tree.nodes.values():
                 for t in node.turns:
                     kinds[t.kind] += 1
-        env_samples = [s for r in rollouts for s in rollout_samples(r)]
+        env_samples = [s for r in rollouts for s in rollout_samples(r, cfg.oversample)]
         stats[env] = {"tasks": len(tasks), "samples": len(env_samples), "turns": kinds,
                       "root_success": sum(r.tree.root_reward or 0 for r in rollouts) / max(1, len(rollouts)),
                       "completion_tokens": sum(len(s.completion_ids) + sum(b - a for a, b in s.learn) for s in env_samples)}

@@ -74,6 +74,12 @@ class ExpertConfig:
     materials that later crafts may miss)."""
     noise_seed: int = 0
     """Seed of the noise; each agent derives its own from it and its targets."""
+    explain: bool = False
+    """Spell out the decisions a small imitator gets wrong (the embedded warm start's third
+    recipe): the delegation decision (each direct ingredient's depth against
+    ``min_delegate_depth``, written before the reply commits to delegating or exploring) and
+    each craft's arithmetic (crafts x units per craft; ingredients per craft x crafts). The
+    moves are the same as without it; only the thoughts are longer."""
 
     def __post_init__(self) -> None:
         if not (0.0 <= self.early_finish <= 1.0 and 0.0 <= self.waste <= 1.0):
@@ -86,6 +92,11 @@ class ExpertConfig:
 
 def _reply(thought: str, code: str) -> str:
     return f"<thought>{thought}</thought>\n<python>\n{code}\n</python>"
+
+
+def _with_thought(prefix: str, reply: str) -> str:
+    """``reply`` with ``prefix`` put at the start of its thought."""
+    return reply.replace("<thought>", "<thought>" + prefix, 1)
 
 
 def _info_code(items: list[str]) -> str:
@@ -192,16 +203,20 @@ class TextCraftExpert:
                 "print(view_inventory())\n" + _info_code(list(self.targets)),
             )
         if self.phase == "explore":
+            decision = ""
             if self.delegating and self.depths.keys() >= self._direct_ingredients().keys():
                 self.delegating = False  # decide once
                 self.delegated = self._delegation_plan()
                 if self.delegated:
                     return self._delegate_reply()
+                decision = self._decision_text() + " " if self.cfg.explain else ""
             unknown = self._unknown()[: self.cfg.max_info_per_cell]
             if unknown:
                 self.phase = "explored"
-                return _reply(f"I still need the recipes of {len(unknown)} ingredient(s).", _info_code(unknown))
+                return _reply(f"{decision}I still need the recipes of {len(unknown)} ingredient(s).", _info_code(unknown))
             self.phase = "plan"
+            if decision:
+                return _with_thought(decision, self._plan_and_craft())
         if self.phase == "recheck":
             self.phase = "rechecked"
             return _reply("Let me check what the inventory holds now.", "view_inventory()")
@@ -228,13 +243,25 @@ class TextCraftExpert:
             if name not in self.base and (self.depths.get(name) or 0) >= self.cfg.min_delegate_depth
         }
 
+    def _decision_text(self) -> str:
+        """The delegation decision spelled out (``explain``): every direct ingredient with
+        its depth (base items have depth 0), then the comparison that decides."""
+        need, cut = self._direct_ingredients(), self.cfg.min_delegate_depth
+        listing = ", ".join(f"{u}x {n} (depth {self.depths.get(n) or 0})" for n, u in need.items())
+        deep = [n for n in need if n in self.delegated]
+        if deep:
+            verdict = "; ".join(f"{n}: depth {self.depths[n]} >= {cut}" for n in deep)
+            return f"Direct ingredients: {listing}. {verdict}, so I delegate {'it' if len(deep) == 1 else 'them'}."
+        deepest = max((self.depths.get(n) or 0 for n in need), default=0)
+        return f"Direct ingredients: {listing}. The deepest has depth {deepest} < {cut}, so I make everything myself."
+
     def _delegate_reply(self) -> str:
         self.phase = "delegated"
         goal = render_goal(self.targets)
         calls = [f"launch_subagent({{{name!r}: {units}}}, context={f'Needed for: {goal}'!r})"
                  for name, units in self.delegated.items()]
         lines = ", ".join(f"{u}x {n} (depth {self.depths[n]})" for n, u in self.delegated.items())
-        thought = f"These ingredients are deep sub-goals, so I delegate them: {lines}."
+        thought = self._decision_text() if self.cfg.explain else f"These ingredients are deep sub-goals, so I delegate them: {lines}."
         if len(calls) == 1:
             return _reply(thought, f"print(await {calls[0]})")
         code = "import asyncio\nresults = await asyncio.gather(\n" + "".join(f"    {c},\n" for c in calls) + ")\nfor r in results:\n    print(r)"
@@ -277,7 +304,12 @@ class TextCraftExpert:
             item, crafts = step["target"]
             per = step["result_count"] // crafts
             uses = ", ".join(f"{v}x {k}" for k, v in step["ingredients"].items())
-            notes.append(f"{item}: {per} per craft, {crafts} craft(s) -> {step['result_count']}, using {uses}.")
+            if self.cfg.explain:  # the arithmetic a small imitator gets wrong, one product at a time
+                each = ", ".join(f"{v // crafts}x {k}" for k, v in step["ingredients"].items())
+                notes.append(f"{item}: {crafts} craft(s) x {per} per craft = {step['result_count']}; "
+                             f"ingredients {crafts} x ({each}) = {uses}.")
+            else:
+                notes.append(f"{item}: {per} per craft, {crafts} craft(s) -> {step['result_count']}, using {uses}.")
             code.append(f"print(craft({step['ingredients']!r}, ({item!r}, {step['result_count']})))")
         if self.cfg.waste and self.noise.random() < self.cfg.waste:  # noise: one craft done twice over
             code.insert(self.noise.randrange(len(code)), code[self.noise.randrange(len(code))])
@@ -404,3 +436,14 @@ def item_scores(outcome: dict, item_names: set[str]) -> tuple[bool, dict[str, fl
     gate = bool(verdict["passed"])
     reason = "all targets met" if gate else f"gate failed: {verdict.get('missing') or 'finish() not called'}"
     return gate, table, reason
+
+
+def gate_check(outcome: dict) -> str:
+    """The gate checked in words, from the facts the scoring prompt shows (each target's count
+    in the start and end inventories, whether ``finish`` was called): what the expert scorer
+    writes before its verdict when it explains (:func:`sera_core.policy.expert.expert_score`)."""
+    gains, start = outcome["verdict"]["gains"], outcome.get("start_counts", {})
+    parts = [f"{t}: {start.get(t, 0)} at the start, {start.get(t, 0) + gains.get(t, 0)} at the end, net gain "
+             f"{gains.get(t, 0)} of {n} needed ({'met' if gains.get(t, 0) >= n else 'short'})"
+             for t, n in outcome["targets"].items()]
+    return "; ".join(parts) + f"; finish() {'was' if outcome['finished'] else 'was not'} called"

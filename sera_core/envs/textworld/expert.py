@@ -742,3 +742,10 @@ def item_scores(outcome: dict, item_names: set[str]) -> tuple[bool, dict[str, fl
     gate = state == SUCCESS if state in (SUCCESS, FAILURE) else bool(outcome["finished"] and not outcome.get("mistakes"))
     reason = "goal met" if gate else "gate failed: the goal's state is not reached"
     return gate, table, reason
+
+
+def gate_check(outcome: dict) -> str:
+    """The gate checked in words (see :func:`sera_core.envs.textcraft.expert.gate_check`): the
+    goal's state in the final world, whether ``finish`` was called, irreversible mistakes."""
+    return (f"the goal's state: {outcome['goal_verdict']}; finish() {'was' if outcome['finished'] else 'was not'} "
+            f"called; irreversible mistakes: {len(outcome.get('mistakes') or [])}")
