@@ -61,16 +61,13 @@ def expert_score(rubric: Rubric, outcome: dict, *, explain: bool = False) -> dic
     final = (1.0 if gate else 0.0) * sum(item.weight * scores[item.name] for item in rubric.items)
     if gate and final <= 0:
         gate, final, reason = False, 0.0, "every item scored 0"
+    out = {"success": gate,
+           "criterion_scores": [{"name": item.name, "score": round(scores[item.name], 4), "reason": ""}
+                                for item in rubric.items],
+           "final_score": round(final, 4) if gate else 0.0}
     if explain:
-        reason = f"{BENCHMARKS[outcome['env']].expert_check(outcome)}: {reason}"
-        return {"reason": reason, "success": gate,
-                "criterion_scores": [{"name": item.name, "score": round(scores[item.name], 4), "reason": ""}
-                                     for item in rubric.items],
-                "final_score": round(final, 4) if gate else 0.0}
-    return {"success": gate,
-            "criterion_scores": [{"name": item.name, "score": round(scores[item.name], 4), "reason": ""}
-                                 for item in rubric.items],
-            "final_score": round(final, 4) if gate else 0.0, "reason": reason}
+        return {"reason": f"{BENCHMARKS[outcome['env']].expert_check(outcome)}: {reason}", **out}
+    return out | {"reason": reason}
 
 
 class ExpertPolicy:

@@ -54,7 +54,7 @@ from sera_core.course import pick_tasks
 from sera_core.envs.registry import BENCHMARKS, record_value
 from sera_core.eval.points import heldout_points, point_metrics
 from sera_core.policy.hf import HFPolicy
-from sera_core.utils.jsonio import write_atomic
+from sera_core.utils.jsonio import read_jsonl, write_atomic, write_jsonl
 
 POINTS_CHUNK = 4
 """Held-out points rescored at once (about 33 calls, one batch): the unit a rerun resumes from."""
@@ -182,7 +182,7 @@ def rescore_points(policy: HFPolicy, env: str, tasks: int, *, seed: int = 0, max
     chunk. A line whose point is not the held-out point expected at its position (another
     ``tasks``, ``seed`` or code version) is an error, not a silent mix."""
     held = heldout_points(env, points_tasks(env, tasks), seed=seed)
-    rows = [json.loads(line) for line in kept.read_text().splitlines()] if kept is not None and kept.exists() else []
+    rows = list(read_jsonl(kept)) if kept is not None and kept.exists() else []
     done = [DelegationPoint.from_json(row["point"]) for row in rows]
     if len(done) > len(held):
         raise ValueError(f"{kept}: {len(done)} points kept, only {len(held)} held out: remove it")
@@ -202,8 +202,7 @@ def rescore_points(policy: HFPolicy, env: str, tasks: int, *, seed: int = 0, max
         done += part
         if kept is not None:  # the whole file again, atomically: an interruption never leaves half a line
             rows += [{"seconds": round(share, 2), "point": p.to_json()} for p in part]
-            kept.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(kept, "".join(json.dumps(row) + "\n" for row in rows).encode())
+            write_jsonl(kept, rows)
     return done, round(seconds, 1)
 
 
@@ -220,7 +219,7 @@ def play_groups(actor: Any, env: str, tasks: list[dict], *, seed: int = 0, progr
     single run would play. A line for a task not in ``tasks`` is an error, not a silent mix."""
     sampled = RuntimeConfig(temperature=1.0, counterfactual=8, seed=seed)
     runtime = Runtime(env, actor, sampled)
-    rows = [json.loads(line) for line in kept.read_text().splitlines()] if kept is not None and kept.exists() else []
+    rows = list(read_jsonl(kept)) if kept is not None and kept.exists() else []
     ids = [f"{runtime.benchmark.task_id(t)}/t0" for t in tasks]  # Runtime.rollouts' tree ids
     done = {row["tree"]["tree_id"]: Rollout(Tree.from_json(row["tree"]), [DelegationPoint.from_json(p) for p in row["points"]],
                                             row["seconds"]) for row in rows}
@@ -231,8 +230,7 @@ def play_groups(actor: Any, env: str, tasks: list[dict], *, seed: int = 0, progr
     def keep(rollout: Rollout) -> None:
         rows.append({"tree": rollout.tree.to_json(), "points": [p.to_json() for p in rollout.points],
                      "seconds": rollout.seconds})
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(kept, "".join(json.dumps(row) + "\n" for row in rows).encode())
+        write_jsonl(kept, rows)
 
     todo = [t for t, i in zip(tasks, ids, strict=True) if i not in done]
     played = runtime.run(todo, progress=progress, on_done=keep if kept is not None else None)

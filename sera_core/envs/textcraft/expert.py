@@ -260,8 +260,11 @@ class TextCraftExpert:
         goal = render_goal(self.targets)
         calls = [f"launch_subagent({{{name!r}: {units}}}, context={f'Needed for: {goal}'!r})"
                  for name, units in self.delegated.items()]
-        lines = ", ".join(f"{u}x {n} (depth {self.depths[n]})" for n, u in self.delegated.items())
-        thought = self._decision_text() if self.cfg.explain else f"These ingredients are deep sub-goals, so I delegate them: {lines}."
+        if self.cfg.explain:
+            thought = self._decision_text()
+        else:
+            lines = ", ".join(f"{u}x {n} (depth {self.depths[n]})" for n, u in self.delegated.items())
+            thought = f"These ingredients are deep sub-goals, so I delegate them: {lines}."
         if len(calls) == 1:
             return _reply(thought, f"print(await {calls[0]})")
         code = "import asyncio\nresults = await asyncio.gather(\n" + "".join(f"    {c},\n" for c in calls) + ")\nfor r in results:\n    print(r)"
