@@ -32,9 +32,15 @@ demo: setup  ## Main job on the embedded default: both benchmarks solved by the 
 	  --label "SmolLM2-135M + LoRA (CPU), make demo: 2 SERA updates, 8 easy val tasks" --method sera --out runs/demo/eval_tiny --resume
 	$(BIN)/sera tables --runs runs/demo/eval_tiny --out runs/demo/tables
 
-test: setup  ## Run the tests: pytest, then every notebook with nbval
-	$(BIN)/python -m pytest tests
-	SERA_SMOKE=1 $(BIN)/python -m pytest --nbval-lax --nbval-sanitize-with notebooks/nbval_sanitize.cfg notebooks
+NBVAL := SERA_SMOKE=1 $(BIN)/python -m pytest --nbval-lax --nbval-sanitize-with notebooks/nbval_sanitize.cfg notebooks
+test: setup  ## Run the tests: pytest and every notebook with nbval side by side, one core each (notebooks log to runs/test/nbval.log)
+	@mkdir -p runs/test
+	@echo "notebooks (nbval) run alongside, logging to runs/test/nbval.log"
+	@OMP_NUM_THREADS=1 $(NBVAL) > runs/test/nbval.log 2>&1 & nb=$$!; \
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests; py=$$?; \
+	wait $$nb; nbrc=$$?; \
+	if [ $$nbrc -eq 0 ]; then echo "== notebooks =="; tail -n 3 runs/test/nbval.log; else cat runs/test/nbval.log; fi; \
+	echo "pytest exit $$py, notebooks exit $$nbrc"; [ $$py -eq 0 ] && [ $$nbrc -eq 0 ]
 
 fuzz: setup  ## The long property-based run of the model-output parsers (10,000 inputs each, about 7 min; docs/reliability.md)
 	SERA_FUZZ_EXAMPLES=10000 $(BIN)/python -m pytest -q tests/test_fuzz_parsers.py

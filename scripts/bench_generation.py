@@ -11,8 +11,11 @@
    contract, the tiny config's caps), seconds per task: one at a time with the prefix
    store on and off (latency), and all at once in one batched runtime (throughput: wall
    time / tasks, what an evaluation of many tasks sees).
+5. Mixed lengths: a root of 9,000 tokens beside 8 branches of 400-4,000 (random token
+   ids), seconds per decode step in one padded batch and as planned by
+   ``hf.plan_batch`` (parts of similar length).
 
-Run: ``.venv/bin/python scripts/bench_generation.py [--model DIR] [--tasks N]``
+Run: ``.venv/bin/python scripts/bench_generation.py [--model DIR] [--tasks N] [--mixed-only]``
 (default: the embedded policy, ``tiny``).
 """
 
@@ -24,6 +27,7 @@ import time
 
 import torch
 
+import sera_core.policy.hf as hf
 from sera_core.agents.actors import PolicyActor
 from sera_core.agents.prompts import agent_messages
 from sera_core.agents.runtime import Runtime
@@ -76,6 +80,22 @@ def decode(policy: HFPolicy, prompts: list[list[int]], new: int = 64) -> float:
     return (time.perf_counter() - t0 - t_prefill) / (new - 1)
 
 
+def mixed_lengths(policy: HFPolicy, new: int = 32) -> tuple[float, float, list[list[int]]]:
+    """Seconds per decode step of a root of 9,000 tokens and 8 branches of 400-4,000, in one
+    padded batch and as ``plan_batch`` splits it, and the plan."""
+    g = torch.Generator().manual_seed(0)
+    lengths = [9_000, 400, 900, 1_400, 1_900, 2_500, 3_000, 3_500, 4_000]
+    prompts = [torch.randint(100, policy.tokenizer.vocab_size, (n,), generator=g).tolist() for n in lengths]
+    plan = hf.plan_batch([n + new for n in lengths], hf._token_bytes(policy.model), hf._weight_bytes(policy.model))
+    planner = hf.plan_batch
+    try:
+        hf.plan_batch = lambda lengths, *a, **k: [list(range(len(lengths)))]
+        one = decode(policy, prompts, new)
+    finally:
+        hf.plan_batch = planner
+    return one, decode(policy, prompts, new), plan
+
+
 def tasks_time(policy: HFPolicy, tasks: list[dict], *, together: bool = False) -> tuple[float, float]:
     """Seconds per task and root success of ``tasks`` played one at a time, or all at once
     when ``together`` (temperature 0)."""
@@ -92,8 +112,11 @@ def main() -> None:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--tasks", type=int, default=4, help="easy TextCraft val tasks timed one at a time")
     parser.add_argument("--batched", type=int, default=16, help="easy TextCraft val tasks timed all at once")
+    parser.add_argument("--mixed-only", action="store_true", help="only the mixed-lengths batch (5.)")
     args = parser.parse_args()
     print(f"machine: {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    if args.mixed_only:
+        return print_mixed(HFPolicy(model_folder(args.model)))
     print(f"\nmatmul roofline: float32 {roofline(torch.float32):.0f} GFLOP/s, bfloat16 {roofline(torch.bfloat16):.0f} GFLOP/s")
     easy = [t for t in craft_split("val") if t["misc"]["difficulty"] == "easy"]
     policy = HFPolicy(model_folder(args.model))
@@ -114,6 +137,13 @@ def main() -> None:
     batch = easy[:args.batched]
     together = tasks_time(policy, batch, together=True)
     print(f"{len(batch)} easy TextCraft tasks at once: {together[0]:.1f} s/task (success {together[1]:.2f})")
+    print_mixed(policy)
+
+
+def print_mixed(policy: HFPolicy) -> None:
+    one, planned, plan = mixed_lengths(policy)
+    print(f"\na root of 9,000 tokens and 8 branches of 400-4,000: {one * 1000:.0f} ms/step in one batch, "
+          f"{planned * 1000:.0f} ms/step in {len(plan)} parts {plan}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
@@ -249,25 +251,64 @@ def test_a_long_prompt_block_runs_in_chunks_with_the_same_result_and_last_logits
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
 
 
-def test_a_batch_past_the_cache_budget_runs_in_parts_with_the_same_result(policy, monkeypatch):
-    """A batch whose key/value cache would pass CALL_CACHE_BYTES is generated in consecutive
-    parts, each within the budget (a row alone always runs), in order and with the same tokens."""
+def test_the_batch_plan_bounds_memory_and_keeps_short_agents_apart_from_a_long_one():
+    """plan_batch: every part's cache fits the budget (a row alone always runs); similar rows
+    stay one batch when the weights dominate; a long root is not padded onto short branches;
+    the plan is the cheapest by its cost (weights once a part + rows x longest)."""
+    import itertools
+
     import sera_core.policy.hf as hf
 
-    assert hf.split_batch([10, 10, 10], 1, budget=20) == [(0, 2), (2, 3)]
-    assert hf.split_batch([10, 30, 10, 10], 1, budget=40) == [(0, 1), (1, 2), (2, 4)]  # rows x longest
-    assert hf.split_batch([100], 1, budget=1) == [(0, 1)] and hf.split_batch([5] * 4, 1, budget=10**6) == [(0, 4)]
-    prompts = [prompt_of(policy, t) for t in TEXTS[:4]]
-    params = SamplingParams(temperature=0.0, max_new_tokens=8)
+    def cost(parts, lengths, tb, wb):
+        return sum(wb + len(p) * max(lengths[i] for i in p) * tb for p in parts)
+
+    parts = hf.plan_batch([10, 10, 10], 1, budget=20)
+    assert sorted(i for p in parts for i in p) == [0, 1, 2] and max(map(len, parts)) == 2
+    assert hf.plan_batch([10, 30, 10, 10], 1, budget=40) == [[0, 2, 3], [1]]  # sorted by length first
+    assert hf.plan_batch([100], 1, budget=1) == [[0]] and hf.plan_batch([5] * 4, 1, budget=10**6) == [[0, 1, 2, 3]]
+    smol_token, smol_weights = 46_080, 538_060_032  # SmolLM2-135M, float32
+    assert hf.plan_batch([260] * 32, smol_token, smol_weights) == [list(range(32))]  # fresh agents: one batch
+    tree = [9_000, 400, 4_000, 1_200, 3_100, 700, 2_500, 3_900, 1_800]  # a root and its 8 branches
+    plan = hf.plan_batch(tree, smol_token, smol_weights)
+    assert [0] in plan and cost(plan, tree, smol_token, smol_weights) < cost([list(range(9))], tree, smol_token, smol_weights)
+    rng = random.Random(0)
+    for _ in range(30):  # optimal among all splits into consecutive runs of the sorted rows
+        lengths = [rng.randint(1, 50) for _ in range(rng.randint(1, 7))]
+        wb, budget = rng.choice([0, 20, 200]), rng.choice([60, 10**6])
+        plan = hf.plan_batch(lengths, 1, wb, budget)
+        assert sorted(i for p in plan for i in p) == list(range(len(lengths)))
+        assert all(len(p) == 1 or len(p) * max(lengths[i] for i in p) <= budget for p in plan)
+        order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+        best = min(cost(c, lengths, 1, wb) for c in (
+            [order[a:b] for a, b in zip((0, *cuts), (*cuts, len(order)), strict=True)]
+            for k in range(len(order)) for cuts in itertools.combinations(range(1, len(order)), k))
+            if all(len(p) == 1 or len(p) * max(lengths[i] for i in p) <= budget for p in c))
+        assert cost(plan, lengths, 1, wb) == best
+
+
+def test_a_batch_generated_in_parts_gives_the_same_result_in_order(policy, monkeypatch):
+    """A batch planned into parts (by the cache budget, or by length) is generated part by
+    part, each part's rows together, and the answers come back in the prompts' order with
+    the tokens and logprobs of the whole batch (greedy and sampled: each row has its seed)."""
+    import sera_core.policy.hf as hf
+
+    prompts = [prompt_of(policy, t) for t in (TEXTS[0] + TEXTS[1], "hi", TEXTS[2], "hi there")]
     plain = HFPolicy.from_model(policy.model, policy.tokenizer, prefix_cache_bytes=0)
-    whole = plain.generate(prompts, params)
-    rows = []
-    hook = policy.model.register_forward_pre_hook(lambda m, args, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True)
-    longest = max(map(len, prompts)) + 8
-    monkeypatch.setattr(hf, "CALL_CACHE_BYTES", 2 * longest * hf._token_bytes(policy.model))  # two rows a part
-    parted = plain.generate(prompts, params)
-    hook.remove()
-    assert max(rows) == 2 and [g.token_ids for g in parted] == [g.token_ids for g in whole]
+    for params in (SamplingParams(temperature=0.0, max_new_tokens=8),
+                   [SamplingParams(temperature=1.0, max_new_tokens=8, seed=s) for s in range(4)]):
+        whole = plain.generate(prompts, params)
+        for patch in (("CALL_CACHE_BYTES", 2 * (len(prompts[0]) + 8) * hf._token_bytes(policy.model)),  # two rows a part
+                      ("_weight_bytes", lambda model: 0)):  # nothing shared: every distinct length apart
+            rows: list[int] = []
+            hook = policy.model.register_forward_pre_hook(lambda m, args, kw, rows=rows: rows.append(kw["input_ids"].shape[0]),
+                                                          with_kwargs=True)
+            with monkeypatch.context() as m:
+                m.setattr(hf, *patch)
+                parted = plain.generate(prompts, params)
+            hook.remove()
+            assert max(rows) <= 2 and [g.token_ids for g in parted] == [g.token_ids for g in whole]
+            for a, b in zip(parted, whole, strict=True):
+                assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
 
 
 def test_sampling_follows_the_distribution_and_the_nucleus():
