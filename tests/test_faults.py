@@ -45,22 +45,22 @@ def test_a_killed_evaluation_resumes_to_the_uninterrupted_result(tmp_path, val_t
     tasks = tmp_path / "tasks.jsonl"
     picked = [t for d in ("easy", "medium", "hard") for t in [x for x in val_tasks if x["misc"]["difficulty"] == d][:3]]
     tasks.write_text("".join(json.dumps(t) + "\n" for t in picked))
-    t0 = time.perf_counter()
     subprocess.run(_eval(tasks, tmp_path / "ref"), env=env, check=True, capture_output=True, timeout=600)
-    wall = time.perf_counter() - t0
     reference = _summary(tmp_path / "ref")
     assert 0 < reference["average"]["mean"] < 100  # a mix of outcomes: a lost or doubled row would show
     rng = random.Random(19)
     killed = 0
     for k in range(3):
         out = tmp_path / f"run{k}"
+        rows = out / "seed0.shard0of1.jsonl"
+        target = rng.randint(1, len(picked) - 1)  # kill once this many rows are kept (not after a wall time: CI's load varies)
         proc = subprocess.Popen(_eval(tasks, out), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(wall * rng.uniform(0.3, 0.95))
+        while proc.poll() is None and (not rows.exists() or sum(map(_is_object, rows.read_text().splitlines())) < target):
+            time.sleep(0.02)
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             killed += 1
         proc.wait(timeout=60)
-        rows = out / "seed0.shard0of1.jsonl"
         before = len([ln for ln in rows.read_text().splitlines() if _is_object(ln)]) if rows.exists() else 0
         done = subprocess.run(_eval(tasks, out, "--resume"), env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -94,17 +94,19 @@ def test_a_killed_training_run_resumes_to_the_uninterrupted_weights_and_metrics(
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     schedule = "execution:2,delegation:1,rubric_generation:1"
     ref_cfg = _train_config(tmp_path, tmp_path / "ref", schedule)
-    t0 = time.perf_counter()
     subprocess.run([*SERA, "train", "--config", str(ref_cfg), "--total-updates", "4"], env=env, check=True,
                    capture_output=True, timeout=900)
-    wall = time.perf_counter() - t0
     reference = read_checkpoint(tmp_path / "ref" / "checkpoint")["files"]
     rng = random.Random(7)
     for k in range(2):
         cfg = _train_config(tmp_path, tmp_path / f"run{k}", schedule)
         cmd = [*SERA, "train", "--config", str(cfg), "--total-updates", "4", "--resume"]
+        metrics, target = tmp_path / f"run{k}" / "metrics.csv", rng.randint(1, 3)
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(wall * rng.uniform(0.4, 0.9))
+        # kill after `target` updates' rows plus a seeded moment (not after a wall time: CI's load varies)
+        while proc.poll() is None and (not metrics.exists() or len(metrics.read_text().splitlines()) - 1 < target):
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 0.3))
         proc.send_signal(signal.SIGKILL)
         assert proc.wait(timeout=60) == -signal.SIGKILL  # killed mid-run, not after it finished
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)

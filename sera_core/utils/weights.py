@@ -76,9 +76,20 @@ def optimizer_state(model, optimizer) -> dict:
 
 
 def load_optimizer_state(model, optimizer, path: str | os.PathLike) -> None:
-    """Load a state written from :func:`optimizer_state` (``torch.save``) into ``optimizer``."""
+    """Load a state written from :func:`optimizer_state` (``torch.save``) into ``optimizer``.
+
+    The loaded hyperparameters come back with the types the optimizer was built with:
+    ``set_optimizer_state_dict`` hands AdamW's ``betas`` back as a list, and a run resumed
+    from a checkpoint would then save ``optimizer.pt`` with other bytes (another sha256)
+    than the uninterrupted run, although every tensor is equal."""
     state = torch.load(path, map_location="cpu", weights_only=True)
-    set_optimizer_state_dict(model, _unwrapped(optimizer), state, options=_SCATTER)
+    opt = _unwrapped(optimizer)
+    types = [{k: type(v) for k, v in group.items()} for group in opt.param_groups]
+    set_optimizer_state_dict(model, opt, state, options=_SCATTER)
+    for group, kinds in zip(opt.param_groups, types, strict=True):
+        for k, v in group.items():
+            if kinds.get(k) is tuple and isinstance(v, list):
+                group[k] = tuple(v)
 
 
 def _unwrapped(optimizer):
