@@ -34,6 +34,11 @@ def _is_object(line: str) -> bool:
         return False
 
 
+def _kept_rows(path: Path) -> int:
+    """Whole JSON rows in ``path`` (0 when it does not exist yet; a half-written last line does not count)."""
+    return sum(map(_is_object, path.read_text().splitlines())) if path.exists() else 0
+
+
 def _summary(out: Path) -> dict:
     summary = json.loads((out / "summary.json").read_text())
     return {k: v for k, v in summary.items() if k not in ("rollout_seconds",)}
@@ -55,13 +60,13 @@ def test_a_killed_evaluation_resumes_to_the_uninterrupted_result(tmp_path, val_t
         rows = out / "seed0.shard0of1.jsonl"
         target = rng.randint(1, len(picked) - 1)  # kill once this many rows are kept (not after a wall time: CI's load varies)
         proc = subprocess.Popen(_eval(tasks, out), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        while proc.poll() is None and (not rows.exists() or sum(map(_is_object, rows.read_text().splitlines())) < target):
+        while proc.poll() is None and _kept_rows(rows) < target:
             time.sleep(0.02)
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             killed += 1
         proc.wait(timeout=60)
-        before = len([ln for ln in rows.read_text().splitlines() if _is_object(ln)]) if rows.exists() else 0
+        before = _kept_rows(rows)
         done = subprocess.run(_eval(tasks, out, "--resume"), env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         assert _summary(out) == reference  # the same result: nothing lost, nothing counted twice

@@ -26,8 +26,9 @@ Reusing key/value states (``prefix_cache_bytes > 0``, the default)
     logits for its last position only, a long prompt block runs in column chunks
     (:func:`prefill_chunk`) and a batch is generated in parts of similar context length, each
     within :data:`CALL_CACHE_BYTES` (:func:`plan_batch`), so memory stays bounded for a batch
-    of long prompts and short agents do not attend over a long one's padding. Greedy output is token-identical to recomputing
-    every prompt (tested), up to float rounding between batch shapes.
+    of long prompts and short agents do not attend over a long one's padding. Greedy output
+    is token-identical to recomputing every prompt (tested), up to float rounding between
+    batch shapes.
 
 Works on CPU (float32) and GPU (bfloat16 by default); the model and tokenizer come from
 a local model folder (a Hugging Face folder, or an adapter on its base:
