@@ -6,7 +6,8 @@
    empty prefix store, and again once another agent's first prompt is kept (the system
    prompt's key/value states are shared).
 3. Decode: seconds per step at batch 32 (64 tokens at temperature 1, no stop string),
-   and the GFLOP/s that makes (2 x parameters x batch per step), in float32 and bfloat16.
+   and the GFLOP/s that makes (2 x linear weights x batch per step: the products a step
+   runs; the embedding lookup has none), in float32 and bfloat16.
 4. Easy TextCraft val tasks through the runtime at temperature 0 (the evaluation
    contract, the tiny config's caps), seconds per task: one at a time with the prefix
    store on and off (latency), and all at once in one batched runtime (throughput: wall
@@ -45,6 +46,12 @@ def roofline(dtype: torch.dtype, reps: int = 20) -> float:
     for _ in range(reps):
         a @ b
     return 2 * 2048 * 576 * 1536 * reps / (time.perf_counter() - t0) / 1e9
+
+
+def linear_weights(model) -> int:
+    """Weights a decode step multiplies each row by: every linear layer's, the output layer's
+    included (SmolLM2-135M: 134.5M; its tied embedding counted once, as the output layer)."""
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
 
 
 def first_prompts(policy: HFPolicy, tasks: list[dict]) -> list[list[int]]:
@@ -120,7 +127,7 @@ def main() -> None:
     print(f"\nmatmul roofline: float32 {roofline(torch.float32):.0f} GFLOP/s, bfloat16 {roofline(torch.bfloat16):.0f} GFLOP/s")
     easy = [t for t in craft_split("val") if t["misc"]["difficulty"] == "easy"]
     policy = HFPolicy(model_folder(args.model))
-    params = sum(p.numel() for p in policy.model.parameters())
+    params = linear_weights(policy.model)
     prompts = first_prompts(policy, easy[:32])
     cold, warm = prefill(policy, prompts)
     print(f"\nprefill of 32 first prompts ({sum(map(len, prompts)):,} tokens): {cold:.2f} s cold, "

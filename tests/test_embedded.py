@@ -52,7 +52,10 @@ def test_the_base_model_converts_from_the_wheel_and_copies_a_line():
     assert (folder / "gguf_sha256.txt").read_text().strip() == base_model.GGUF_SHA256
     assert base_model.base_model_folder() == folder  # cached: the second call converts nothing
     policy = HFPolicy(folder)
-    assert sum(p.numel() for p in policy.model.parameters()) == 134_515_008
+    model = policy.model  # on CPU the output layer is an untied copy of the embedding (hf.decode_layout)
+    assert sum(p.numel() for name, p in model.named_parameters() if name != "lm_head.weight") == 134_515_008
+    assert torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
+    assert model.lm_head.weight.stride() == (1, model.lm_head.weight.shape[0])
     prompt = policy.chat_prompt([{"role": "user", "content": "Repeat exactly: 3x o7_i3, 1x raw_o4"}])
     out = policy.generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=24))[0]
     assert "3x o7_i3, 1x raw_o4" in out.text  # zero-shot, it copies from its context
@@ -206,6 +209,8 @@ def test_sera_train_on_an_adapter_trains_and_checkpoints_only_the_adapter(adapte
     assert all(torch.equal(p, after[n].detach()) for n, p in resumed.model.named_parameters())
     rollout_weights = resumed.policy.model.state_dict()  # the rollouts sample from the loaded adapter
     assert all(torch.allclose(v, merged(trainer.model).state_dict()[k], atol=1e-6) for k, v in rollout_weights.items())
+    head = resumed.policy.model.lm_head.weight  # the merged copy is the policy's own: laid out for decoding
+    assert head.stride() == (1, head.shape[0]) and all(p.is_contiguous() for p in resumed.model.parameters())
     policy = checkpoint_policy(tmp_path / "run")  # base + trained adapter, merged
     expected = merged(trainer.model)
     assert all(torch.allclose(v, expected.state_dict()[k], atol=1e-6) for k, v in policy.model.state_dict().items())

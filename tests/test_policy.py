@@ -38,8 +38,13 @@ def test_chat_template_is_chatml(policy):
 def test_greedy_is_deterministic_and_matches_a_full_forward(policy):
     prompt = prompt_of(policy, "Craft the following items: 3x a1_i5")
     params = SamplingParams(temperature=0.0, max_new_tokens=12)
-    a, b = policy.generate([prompt], params)[0], policy.generate([prompt], params)[0]
+    policy.store.clear()
+    a = policy.generate([prompt], params)[0]
+    policy.store.clear()
+    b = policy.generate([prompt], params)[0]  # the same state gives the same bits
     assert a.token_ids == b.token_ids and a.logprobs == b.logprobs and a.finish_reason in ("length", "eos")
+    c = policy.generate([prompt], params)[0]  # the prompt's key/value states kept: float rounding of other shapes
+    assert c.token_ids == a.token_ids and c.logprobs == pytest.approx(a.logprobs, abs=1e-5)
     assert a.text == policy.decode(a.token_ids)
     with torch.no_grad():  # the KV-cached logprobs equal a plain forward over prompt + completion
         full = torch.tensor([prompt + a.token_ids])
@@ -132,6 +137,31 @@ def test_bad_inputs_fail_clearly(policy):
     with pytest.raises(ValueError):
         SamplingParams(temperature=-1)
     assert policy.generate([], SamplingParams()) == []
+
+
+def test_an_owned_model_is_laid_out_for_decoding_and_a_shared_one_is_left_alone(tmp_path):
+    """A policy that loads its model stores every linear weight transposed in memory (same
+    values; the tied output layer becomes its own copy); a trainer's shared model keeps its
+    layout; both write the same greedy tokens."""
+    from sera_core.policy.models import load_model
+
+    path = build_tiny(tmp_path, TEXTS, vocab_size=400, cfg=TinyModelConfig(), seed=0)
+    owned = HFPolicy(path, device="cpu")
+    model, tokenizer = load_model(path, device="cpu")
+    shared = HFPolicy.from_model(model, tokenizer)
+    lin = [n for n, m in owned.model.named_modules() if isinstance(m, torch.nn.Linear)]
+    assert "lm_head" in lin and len(lin) == 1 + 7 * TinyModelConfig().num_hidden_layers
+    for name in lin:
+        w, plain = owned.model.get_submodule(name).weight, model.get_submodule(name).weight
+        assert w.stride() == (1, w.shape[0]) and plain.is_contiguous() and torch.equal(w, plain)
+    assert owned.model.lm_head.weight is not owned.model.model.embed_tokens.weight
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # shared: untouched, still tied
+    prompts = [prompt_of(owned, t) for t in ("Craft the following items: 3x a1_i5", "hi", "take red apple")]
+    params = SamplingParams(temperature=0.0, max_new_tokens=16)
+    fast, slow = owned.generate(prompts, params), shared.generate(prompts, params)
+    assert [g.token_ids for g in fast] == [g.token_ids for g in slow]
+    for f, g in zip(fast, slow, strict=True):
+        assert f.logprobs == pytest.approx(g.logprobs, abs=1e-4)
 
 
 def test_kept_prefixes_give_the_same_greedy_tokens_as_recomputing(policy):

@@ -140,9 +140,11 @@ def test_a_trained_checkpoint_evaluates_and_exports(reference, tmp_path):
     state = policy.model.state_dict()
     assert all(torch.equal(state[name], tensor) for name, tensor in saved.items())
     exported = HFPolicy(export_checkpoint(tmp / "run" / "checkpoint", tmp_path / "hf"))
+    loaded = exported.model.state_dict()  # the same values (laid out for decoding: hf.decode_layout)
+    assert all(torch.equal(loaded[name], tensor) for name, tensor in state.items())
     ids = torch.tensor([[1, 2, 3, 4]])
     with torch.no_grad():
-        assert torch.equal(exported.model(input_ids=ids).logits, policy.model(input_ids=ids).logits)
+        assert torch.allclose(exported.model(input_ids=ids).logits, policy.model(input_ids=ids).logits, atol=1e-4)
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "state.json").write_text("{}")
     with pytest.raises(CheckpointError, match="partial or corrupt"):

@@ -30,6 +30,14 @@ Reusing key/value states (``prefix_cache_bytes > 0``, the default)
     is token-identical to recomputing every prompt (tested), up to float rounding between
     batch shapes.
 
+Weight layout on CPU
+    A policy that owns its model (loaded from a folder, or ``from_model(..., own=True)``:
+    a merged copy nobody trains or saves) stores each linear layer's weight transposed in
+    memory (:func:`decode_layout`): a decode step multiplies a few rows by every weight,
+    and MKL runs such a product 1.3-1.9x faster with an untransposed right operand. A
+    model shared with a trainer keeps its layout (optimizer states and saved files expect
+    contiguous weights).
+
 Works on CPU (float32) and GPU (bfloat16 by default); the model and tokenizer come from
 a local model folder (a Hugging Face folder, or an adapter on its base:
 :mod:`sera_core.policy.models`), never from a hub.
@@ -76,21 +84,24 @@ class HFPolicy:
         from sera_core.policy.models import load_model
 
         model, tokenizer = load_model(path, device=device, dtype=dtype)
-        self._setup(model, tokenizer, prefix_cache_bytes)
+        self._setup(model, tokenizer, prefix_cache_bytes, own=True)
 
     @classmethod
-    def from_model(cls, model, tokenizer, *, prefix_cache_bytes: int = PREFIX_CACHE_BYTES) -> HFPolicy:
+    def from_model(cls, model, tokenizer, *, prefix_cache_bytes: int = PREFIX_CACHE_BYTES, own: bool = False) -> HFPolicy:
         """A policy that generates with ``model`` itself (shared, not copied: the trainer's
         updates are what the next rollouts sample from, and they empty the prefix store).
         Generation runs under ``torch.no_grad`` in the model's current mode; the caller
-        keeps it in eval mode."""
+        keeps it in eval mode. ``own``: nothing else trains or saves ``model`` (a merged
+        copy), so on CPU its weights may be re-laid out for decoding (:func:`decode_layout`)."""
         policy = cls.__new__(cls)
-        policy._setup(model, tokenizer, prefix_cache_bytes)
+        policy._setup(model, tokenizer, prefix_cache_bytes, own=own)
         return policy
 
-    def _setup(self, model, tokenizer, prefix_cache_bytes: int) -> None:
+    def _setup(self, model, tokenizer, prefix_cache_bytes: int, *, own: bool) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.device = next(model.parameters()).device
+        if own and self.device.type == "cpu":
+            decode_layout(model)
         eos = self.model.generation_config.eos_token_id
         eos = eos if isinstance(eos, list) else [eos]
         self.eos_ids = {int(e) for e in [*eos, self.tokenizer.eos_token_id] if e is not None}
@@ -223,6 +234,25 @@ class HFPolicy:
             if s in tail and s not in last:
                 return s
         return None
+
+
+def decode_layout(model) -> None:
+    """Store every linear layer's ``(out, in)`` weight transposed in memory, in place: a
+    contiguous ``(in, out)`` buffer viewed as ``(out, in)`` (same values, shape and dtype).
+
+    ``F.linear(x, W)`` computes ``x @ W^T``; with this layout ``W^T`` is a plain row-major
+    matrix and MKL's GEMM skips its transposed-operand path. Measured on this CPU (one
+    core, float32, ``rows x in x out``): 32 x 1,536 x 576 takes 418 us instead of 742;
+    8 x 576 x 49,152 (the output layer) 16.7 ms instead of 29.3; at 256 rows (prefill)
+    both layouts take the same time. A decode step of SmolLM2-135M at batch 32 drops from
+    200 to 182 ms, at batch 8 from 131 to 110 ms (docs/embedded.md). An output layer tied
+    to the input embedding gets its own copy (113 MB for SmolLM2): the embedding's lookup
+    reads whole rows and keeps the row-major layout. Each weight becomes a new
+    ``Parameter`` (same ``requires_grad``), so call this before anything holds the old ones."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear) and module.weight.stride() == (module.weight.shape[1], 1):
+            weight = module.weight
+            module.weight = torch.nn.Parameter(weight.detach().t().contiguous().t(), requires_grad=weight.requires_grad)
 
 
 def _kv_heads(model) -> tuple[int, int]:

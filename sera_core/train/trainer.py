@@ -245,8 +245,10 @@ class Trainer:
         from sera_core.policy.models import merged
 
         # a plain model is shared (updates are what the next rollouts sample from); an adapter
-        # is merged into a copy of its base (plain layers generate faster), re-made after each update
-        return HFPolicy.from_model(merged(self.accelerator.unwrap_model(self.model)).eval(), self.tokenizer)
+        # is merged into a copy of its base (plain layers generate faster), re-made after each
+        # update and owned by the policy (its weights laid out for decoding: hf.decode_layout)
+        model = self.accelerator.unwrap_model(self.model)
+        return HFPolicy.from_model(merged(model).eval(), self.tokenizer, own=hasattr(model, "merge_and_unload"))
 
     def _sync_policy(self) -> None:
         """Make the rollout policy sample from the model's current weights (after an update
