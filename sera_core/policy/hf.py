@@ -34,7 +34,7 @@ Weight layout on CPU
     A policy that owns its model (loaded from a folder, or ``from_model(..., own=True)``:
     a merged copy nobody trains or saves) stores each linear layer's weight transposed in
     memory (:func:`decode_layout`): a decode step multiplies a few rows by every weight,
-    and MKL runs such a product 1.3-1.9x faster with an untransposed right operand. A
+    and MKL runs such a product 1.3-1.9x faster on one thread with an untransposed right operand. A
     model shared with a trainer keeps its layout (optimizer states and saved files expect
     contiguous weights).
 
@@ -245,7 +245,8 @@ def decode_layout(model) -> None:
     core, float32, ``rows x in x out``): 32 x 1,536 x 576 takes 418 us instead of 742;
     8 x 576 x 49,152 (the output layer) 16.7 ms instead of 29.3; at 256 rows (prefill)
     both layouts take the same time. A decode step of SmolLM2-135M at batch 32 drops from
-    200 to 182 ms, at batch 8 from 131 to 110 ms (docs/embedded.md). An output layer tied
+    200 to 182 ms, at batch 8 from 131 to 110 ms on one thread (with two threads MKL splits
+    each product and the gain is 2%; docs/embedded.md). An output layer tied
     to the input embedding gets its own copy (113 MB for SmolLM2): the embedding's lookup
     reads whole rows and keeps the row-major layout. Each weight becomes a new
     ``Parameter`` (same ``requires_grad``), so call this before anything holds the old ones."""
