@@ -34,9 +34,9 @@ Weight layout on CPU
     A policy that owns its model (loaded from a folder, or ``from_model(..., own=True)``:
     a merged copy nobody trains or saves) stores each linear layer's weight transposed in
     memory (:func:`decode_layout`): a decode step multiplies a few rows by every weight,
-    and MKL runs such a product 1.3-1.9x faster on one thread with an untransposed right operand. A
-    model shared with a trainer keeps its layout (optimizer states and saved files expect
-    contiguous weights).
+    and MKL runs such a product 1.3-1.9x faster on one thread with an untransposed right
+    operand (2% with two threads). A model shared with a trainer keeps its layout
+    (optimizer states and saved files expect contiguous weights).
 
 Works on CPU (float32) and GPU (bfloat16 by default); the model and tokenizer come from
 a local model folder (a Hugging Face folder, or an adapter on its base:
