@@ -248,7 +248,8 @@ class Trainer:
         # is merged into a copy of its base (plain layers generate faster), re-made after each
         # update and owned by the policy (its weights laid out for decoding: hf.decode_layout)
         model = self.accelerator.unwrap_model(self.model)
-        return HFPolicy.from_model(merged(model).eval(), self.tokenizer, own=hasattr(model, "merge_and_unload"))
+        plain = merged(model)
+        return HFPolicy.from_model(plain.eval(), self.tokenizer, own=plain is not model)
 
     def _sync_policy(self) -> None:
         """Make the rollout policy sample from the model's current weights (after an update
