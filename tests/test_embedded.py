@@ -267,14 +267,12 @@ def test_measure_keeps_partial_figures_and_resumes(adapter, tmp_path):
     resumed = measure(adapter, tasks, save=save)
     assert resumed["textcraft"]["tasks"] == 99  # kept, not played again
     assert resumed["textworld"] == first["textworld"]  # played now, the same figures (temperature 0)
-    # each difficulty's trees are kept as its run ends: a rerun computes from them, playing nothing
-    from sera_core.agents.tree import read_trees, write_trees
-
-    kept = save.with_name("figures.json.textcraft.easy.trees.jsonl")
-    trees = read_trees(kept)
-    assert len(trees) == 1 and first["textcraft"]["seconds_per_task"]["easy"] == round(trees[0].meta["measure_seconds"], 1) > 0
-    trees[0].root_reward = 1.0 - trees[0].root_reward
-    write_trees(kept, trees)
+    # each tree is kept as it ends: a rerun computes from the kept trees, playing nothing
+    kept = save.with_name("figures.json.textcraft.easy.jsonl")
+    rows = [json.loads(line) for line in kept.read_text().splitlines()]
+    assert len(rows) == 1 and first["textcraft"]["seconds_per_task"]["easy"] == round(rows[0]["wall"], 1) > 0
+    rows[0]["tree"]["root_reward"] = 1.0 - rows[0]["tree"]["root_reward"]
+    kept.write_text(json.dumps(rows[0]) + "\n")
     save.unlink()
     again = measure(adapter, tasks, save=save)
     assert again["textcraft"]["success"]["easy"] == 1.0 - first["textcraft"]["success"]["easy"]

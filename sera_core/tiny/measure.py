@@ -24,11 +24,11 @@ and rubric and score validity are measured even where it never delegates itself.
 
 Tasks are played one difficulty at a time (all tasks of a difficulty concurrently, batched);
 ``seconds_per_task`` is each run's wall time over its task count (2 cores: what a user waits).
-With ``save``, each difficulty's trees go to ``SAVE.<env>.<difficulty>.trees.jsonl`` as soon
-as its run ends, each counterfactual-group tree to ``SAVE.<env>.groups.jsonl`` as soon as it
-ends (:func:`play_groups`), and the figures to ``SAVE`` after each benchmark and each group
-run; a rerun with the same file skips what is already there: a measurement of hours resumes
-after an interruption, losing at most the trees in progress. The held-out points are rescored
+With ``save``, each tree goes to ``SAVE.<env>.<difficulty>.jsonl`` (counterfactual-group trees:
+``SAVE.<env>.groups.jsonl``) as soon as it ends (:func:`play_kept`), and the figures to ``SAVE``
+after each benchmark and each group run; a rerun with the same file skips what is already
+there: a measurement of hours (a medium TextCraft tree of a delegating policy can take an hour
+on one core) resumes after an interruption, losing at most the trees in progress. The held-out points are rescored
 :data:`POINTS_CHUNK` at a time and each chunk is kept in ``SAVE.<env>.points.jsonl`` as it
 ends (:func:`rescore_points`).
 """
@@ -49,7 +49,7 @@ from sera_core.agents.actors import PolicyActor
 from sera_core.agents.points import DelegationPoint
 from sera_core.agents.runtime import Rollout, Runtime, RuntimeConfig
 from sera_core.agents.summary import summarize
-from sera_core.agents.tree import Tree, read_trees, write_trees
+from sera_core.agents.tree import Tree
 from sera_core.course import pick_tasks
 from sera_core.envs.registry import BENCHMARKS, record_value
 from sera_core.eval.points import heldout_points, point_metrics
@@ -133,23 +133,14 @@ def measure(model: str | os.PathLike, tasks: dict[str, list[dict]], *, groups: i
         policy = policy or HFPolicy(model)  # a model or adapter folder (the embedded policy is an adapter)
         if env not in out:
             rollouts, seconds = [], {}
+            greedy = RuntimeConfig(temperature=0.0, rubric_temperature=0.0, seed=seed)
             for level in dict.fromkeys(_difficulty(t) for t in env_tasks):
                 part = [t for t in env_tasks if _difficulty(t) == level]
-                kept = save.with_name(f"{save.name}.{env}.{level}.trees.jsonl") if save is not None else None
-                if kept is not None and kept.exists():
-                    trees = read_trees(kept)
-                else:
-                    greedy = RuntimeConfig(temperature=0.0, rubric_temperature=0.0, seed=seed)
-                    t0 = time.perf_counter()
-                    trees = [r.tree for r in Runtime(env, PolicyActor(policy, max_batch=max_batch), greedy).run(
-                        part, progress=progress)]
-                    wall = time.perf_counter() - t0
-                    for tree in trees:
-                        tree.meta["measure_seconds"] = round(wall / len(trees), 2)
-                    if kept is not None:
-                        write_trees(kept, trees)
-                rollouts += [Rollout(t) for t in trees]
-                seconds[level] = round(trees[0].meta["measure_seconds"], 1)  # set on every tree of the run
+                kept = save.with_name(f"{save.name}.{env}.{level}.jsonl") if save is not None else None
+                played, wall = play_kept(Runtime(env, PolicyActor(policy, max_batch=max_batch), greedy), part,
+                                         progress=progress, kept=kept)
+                rollouts += played
+                seconds[level] = round(wall / len(part), 1)
             out[env] = _figures(rollouts, env) | {"seconds_per_task": seconds}
             keep()
         if groups and "mixed_groups" not in out[env]:
@@ -206,36 +197,51 @@ def rescore_points(policy: HFPolicy, env: str, tasks: int, *, seed: int = 0, max
     return done, round(seconds, 1)
 
 
-def play_groups(actor: Any, env: str, tasks: list[dict], *, seed: int = 0, progress: bool = False,
-                kept: Path | None = None) -> list[Rollout]:
-    """``tasks`` played concurrently by ``actor`` (what :class:`Runtime` takes: a
-    :class:`PolicyActor`) at temperature 1 with counterfactual groups of B = 8: their rollouts
-    (trees and delegation points), in task order.
+def play_kept(runtime: Runtime, tasks: list[dict], *, progress: bool = False,
+              kept: Path | None = None) -> tuple[list[Rollout], float]:
+    """``tasks`` played concurrently through ``runtime``, one tree each: their rollouts (trees
+    and delegation points) in task order, and the wall seconds the playing took, summed over
+    the runs that played them.
 
-    With ``kept``, each rollout is added to that JSON-lines file as soon as its tree ends (tree,
-    points and seconds a line; the file is replaced atomically) and a rerun plays only the
-    tasks not there. One tree can take an hour on 2 cores, so an interruption loses at most the
-    trees in progress; a tree's seed derives from its id, so the kept trees are the ones a
-    single run would play. A line for a task not in ``tasks`` is an error, not a silent mix."""
-    sampled = RuntimeConfig(temperature=1.0, counterfactual=8, seed=seed)
-    runtime = Runtime(env, actor, sampled)
+    With ``kept``, each rollout is added to that JSON-lines file as soon as its tree ends (a
+    line: the tree, its points, its own seconds, and ``wall``: the run's seconds since it
+    started or its previous tree ended; the file is replaced atomically), and a rerun plays
+    only the tasks not there. One tree can take an hour on one core, so an interruption loses
+    at most the trees in progress; a tree's seed derives from its id, so the kept trees are
+    the ones a single run would play. A line for a task not in ``tasks`` is an error, not a
+    silent mix."""
     rows = list(read_jsonl(kept)) if kept is not None and kept.exists() else []
     ids = [f"{runtime.benchmark.task_id(t)}/t0" for t in tasks]  # Runtime.rollouts' tree ids
     done = {row["tree"]["tree_id"]: Rollout(Tree.from_json(row["tree"]), [DelegationPoint.from_json(p) for p in row["points"]],
                                             row["seconds"]) for row in rows}
     if set(done) - set(ids):
-        raise ValueError(f"{kept}: holds trees {sorted(set(done) - set(ids))}, not among the group tasks "
+        raise ValueError(f"{kept}: holds trees {sorted(set(done) - set(ids))}, not among the tasks "
                          f"{ids}: it was written for other tasks; remove it")
+    last = time.perf_counter()
 
     def keep(rollout: Rollout) -> None:
+        nonlocal last
+        now = time.perf_counter()
         rows.append({"tree": rollout.tree.to_json(), "points": [p.to_json() for p in rollout.points],
-                     "seconds": rollout.seconds})
-        write_jsonl(kept, rows)
+                     "seconds": rollout.seconds, "wall": round(now - last, 2)})
+        last = now
+        if kept is not None:
+            write_jsonl(kept, rows)
 
     todo = [t for t, i in zip(tasks, ids, strict=True) if i not in done]
-    played = runtime.run(todo, progress=progress, on_done=keep if kept is not None else None)
+    played = runtime.run(todo, progress=progress, on_done=keep)
     done |= {r.tree.tree_id: r for r in played}
-    return [done[i] for i in ids]
+    return [done[i] for i in ids], sum(row["wall"] for row in rows)
+
+
+def play_groups(actor: Any, env: str, tasks: list[dict], *, seed: int = 0, progress: bool = False,
+                kept: Path | None = None) -> list[Rollout]:
+    """``tasks`` played concurrently by ``actor`` (what :class:`Runtime` takes: a
+    :class:`PolicyActor`) at temperature 1 with counterfactual groups of B = 8: their rollouts
+    (trees and delegation points), in task order; ``kept`` keeps each tree as it ends
+    (:func:`play_kept`)."""
+    sampled = RuntimeConfig(temperature=1.0, counterfactual=8, seed=seed)
+    return play_kept(Runtime(env, actor, sampled), tasks, progress=progress, kept=kept)[0]
 
 
 def group_tasks(tasks: list[dict], groups: int) -> list[dict]:
