@@ -137,10 +137,12 @@ def test_a_trained_checkpoint_evaluates_and_exports(reference, tmp_path):
     tmp, cfg = reference
     saved = load_file(str(tmp / "run" / "checkpoint" / "model.safetensors"))
     policy = checkpoint_policy(tmp / "run")  # the run folder or its checkpoint/
+    head = policy.model.lm_head.weight  # the policy owns its model: laid out for decoding (hf.decode_layout)
+    assert head.stride() == (1, head.shape[0])
     state = policy.model.state_dict()
     assert all(torch.equal(state[name], tensor) for name, tensor in saved.items())
     exported = HFPolicy(export_checkpoint(tmp / "run" / "checkpoint", tmp_path / "hf"))
-    loaded = exported.model.state_dict()  # the same values (laid out for decoding: hf.decode_layout)
+    loaded = exported.model.state_dict()  # the same values, saved from the contiguous model
     assert all(torch.equal(loaded[name], tensor) for name, tensor in state.items())
     ids = torch.tensor([[1, 2, 3, 4]])
     with torch.no_grad():

@@ -155,12 +155,11 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     return state
 
 
-def checkpoint_policy(path: str | os.PathLike):
-    """An :class:`~sera_core.policy.hf.HFPolicy` of a trained checkpoint (``RUN/checkpoint``
-    or the run folder ``RUN``): the run's starting model (architecture, tokenizer) with the
-    checkpoint's trained weights (an adapter's merged into its base), after
-    :func:`read_checkpoint`'s checks."""
-    from sera_core.policy.hf import HFPolicy
+def checkpoint_model(path: str | os.PathLike):
+    """The model and tokenizer of a trained checkpoint (``RUN/checkpoint`` or the run folder
+    ``RUN``): the run's starting model (architecture, tokenizer) with the checkpoint's trained
+    weights (an adapter's merged into its base), in eval mode, after :func:`read_checkpoint`'s
+    checks."""
     from sera_core.policy.models import load_model, merged
     from sera_core.utils.weights import load_trained
 
@@ -170,19 +169,27 @@ def checkpoint_policy(path: str | os.PathLike):
     state = read_checkpoint(path)
     model, tokenizer = load_model(model_path(state["config"]["model"]), trainable=True)
     load_trained(model, path / "model.safetensors")
-    return HFPolicy.from_model(merged(model).eval(), tokenizer)
+    return merged(model).eval(), tokenizer
+
+
+def checkpoint_policy(path: str | os.PathLike):
+    """An :class:`~sera_core.policy.hf.HFPolicy` of a trained checkpoint (:func:`checkpoint_model`).
+    It owns the model (nothing else holds it), so on CPU its weights take the decode layout."""
+    from sera_core.policy.hf import HFPolicy
+
+    return HFPolicy.from_model(*checkpoint_model(path), own=True)
 
 
 def export_checkpoint(path: str | os.PathLike, out: str | os.PathLike) -> Path:
-    """Write the model of a trained checkpoint (see :func:`checkpoint_policy`) as a Hugging
+    """Write the model of a trained checkpoint (see :func:`checkpoint_model`) as a Hugging
     Face folder ``out`` (weights, config, tokenizer), atomically: what ``vllm:`` and
     ``hf:`` policies and other tools load."""
-    policy = checkpoint_policy(path)
+    model, tokenizer = checkpoint_model(path)
     out = Path(out)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    policy.model.save_pretrained(tmp)
-    policy.tokenizer.save_pretrained(tmp)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
     swap_in(tmp, out)
     return out
 
