@@ -28,9 +28,9 @@ With ``save``, each tree goes to ``SAVE.<env>.<difficulty>.jsonl`` (counterfactu
 ``SAVE.<env>.groups.jsonl``) as soon as it ends (:func:`play_kept`), and the figures to ``SAVE``
 after each benchmark and each group run; a rerun with the same file skips what is already
 there: a measurement of hours (a medium TextCraft tree of a delegating policy can take an hour
-on one core) resumes after an interruption, losing at most the trees in progress. The held-out points are rescored
-:data:`POINTS_CHUNK` at a time and each chunk is kept in ``SAVE.<env>.points.jsonl`` as it
-ends (:func:`rescore_points`).
+on one core) resumes after an interruption, losing at most the trees in progress. The
+held-out points are rescored :data:`POINTS_CHUNK` at a time and each chunk is kept in
+``SAVE.<env>.points.jsonl`` as it ends (:func:`rescore_points`).
 """
 
 from __future__ import annotations
