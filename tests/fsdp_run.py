@@ -9,7 +9,9 @@ CPU over gloo). Update ``s`` trains on 4 sequences drawn from seed ``s``; proces
 over all 4). With ``RESUME`` (a checkpoint folder) a model built from another seed loads it
 first and continues from update ``STEPS_DONE`` (its ``state.json``).
 Rank 0 writes ``OUT/model.safetensors``, ``OUT/optimizer.pt`` and ``OUT/state.json``
-through :mod:`sera_core.utils.weights`.
+through :mod:`sera_core.utils.weights`; every process writes ``OUT/engine.<rank>.safetensors``,
+the weights :func:`~sera_core.utils.weights.full_weights` gives it (what its rollout engine
+would load).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, Qwen3Config
 
-from sera_core.utils.weights import load_optimizer_state, load_trained, optimizer_state, trained_state
+from sera_core.utils.weights import full_weights, load_optimizer_state, load_trained, optimizer_state, trained_state
 
 
 def main(out: Path, steps: int, resume: Path | None) -> None:
@@ -52,8 +54,10 @@ def main(out: Path, steps: int, resume: Path | None) -> None:
         optimizer.step()
         optimizer.zero_grad()
     weights, moments = trained_state(model), optimizer_state(model, optimizer)  # every process: collectives
+    engine = full_weights(model)  # every process: a collective, the full weights on each
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in engine.items() if k != "lm_head.weight"}, str(out / f"engine.{rank}.safetensors"))
     if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
         save_file(weights, str(out / "model.safetensors"))
         torch.save(moments, out / "optimizer.pt")
         (out / "state.json").write_text(json.dumps({"steps": start + steps, "processes": world,

@@ -124,7 +124,8 @@ def test_fsdp2_checkpoints_gather_and_resume_on_cpu(tmp_path):
     """FSDP2 on CPU (torch ``fully_shard`` over gloo): the checkpoint that two sharded processes
     write after 2 updates equals the one-process model's (full tensors, tied embedding once);
     two sharded processes resume from it to the one-process weights after a third update, and
-    one process resumes from the sharded checkpoint alike (the format does not depend on sharding)."""
+    one process resumes from the sharded checkpoint alike (the format does not depend on sharding).
+    Each sharded process gathers the full weights for its own rollout engine (``full_weights``)."""
     from safetensors.torch import load_file
 
     two = _fsdp(tmp_path / "two", 2, steps=2)
@@ -143,6 +144,12 @@ def test_fsdp2_checkpoints_gather_and_resume_on_cpu(tmp_path):
     close(tmp_path / "two_resumed", tmp_path / "one", "model.safetensors")
     _fsdp(tmp_path / "one_resumed", 1, steps=1, resume=tmp_path / "two")
     close(tmp_path / "one_resumed", tmp_path / "one", "model.safetensors")
+    for rank in (0, 1):  # each process's engine gets the whole model (the old push: rank 0 all, rank 1 nothing)
+        engine = load_file(str(tmp_path / "two" / f"engine.{rank}.safetensors"))
+        saved = load_file(str(tmp_path / "two" / "model.safetensors"))
+        assert engine.keys() == saved.keys()
+        for k in saved:
+            torch.testing.assert_close(engine[k], saved[k], rtol=0, atol=0, msg=k)
     moments = torch.load(tmp_path / "two" / "optimizer.pt", weights_only=True)
     assert moments["state"]["model.embed_tokens.weight"]["exp_avg"].shape == (64, 32)  # full, not a shard
 

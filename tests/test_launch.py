@@ -33,7 +33,9 @@ def test_tiny_configs_run_plainly_and_the_other_commands():
     assert train_command(cfg, "t.yaml", total_updates=2)[-2:] == ["--total-updates", "2"]
     ev = eval_command(cfg, "hf", "t.jsonl", "ev", label="tiny", seeds=3, limit=40)
     assert ev[-2:] == ["--limit", "40"]
-    assert ev[ev.index("--policy") + 1] == "hf:hf" and ev[ev.index("--seeds") + 1] == "3" and ev[ev.index("--method") + 1] == "sera"
+    assert ev[ev.index("--policy") + 1] == "vllm:hf" and ev[ev.index("--seeds") + 1] == "3" and ev[ev.index("--method") + 1] == "sera"
+    ev = eval_command(cfg.replace(backend="hf"), "hf", "t.jsonl", "ev", label="tiny")
+    assert ev[ev.index("--policy") + 1] == "hf:hf"
     full = load_config(CONFIGS / "textworld" / "sera_full.yaml")
     ev = eval_command(full, "m", "t", "e", label="x")
     assert ev[ev.index("--policy") + 1] == "vllm:m"

@@ -88,7 +88,10 @@ def write(tmp_path, text: str):
     ("scorer: external\n", "external_url"),
     ("clip_high: 0.0\n", "clip_high"),
     ("depth_weighting: 1\n", "depth_weighting"),
-    ("backend: vllm\n", "mixed_precision"),
+    ("accelerate_config: accelerate/2x8xh200.yaml\n", "backend"),  # FSDP + hf generation would hang
+    ("engine_gpu_memory_utilization: 1.5\n", "engine_gpu_memory_utilization"),
+    ("engine_kv_cache_gib: 0\n", "engine_kv_cache_gib"),
+    ("engine_dtype: fp8\n", "engine_dtype"),
 ])
 def test_bad_configs_fail_naming_the_key(tmp_path, text, key):
     from sera_core.train.config import CONFIGS
@@ -96,6 +99,16 @@ def test_bad_configs_fail_naming_the_key(tmp_path, text, key):
     path = write(tmp_path, f"extends: {CONFIGS / 'textcraft' / 'sera_tiny.yaml'}\n{text}")
     with pytest.raises(ConfigError, match=f"'{key}'"):
         load_config(path)
+
+
+def test_the_vllm_backend_runs_the_tiny_model_on_cpu_with_engine_settings_from_the_config():
+    """``model: tiny`` with ``backend: vllm`` is a valid CPU config (float32, no bf16 needed), and
+    the engine's max_model_len comes from the benchmark's caps unless set."""
+    cfg = load_config("textcraft/sera_tiny.yaml", backend="vllm")
+    engine = cfg.engine_settings()
+    assert cfg.mixed_precision == "no" and engine.max_model_len == 10240 + 256 and engine.kv_cache_gib == 2.0
+    assert load_config("textworld/sera_full.yaml").engine_settings().max_model_len == 13312 + 3072
+    assert load_config("textcraft/sera_tiny.yaml", backend="vllm", engine_max_model_len=4096).engine_settings().max_model_len == 4096
 
 
 def test_a_renamed_key_fails_naming_its_new_name(tmp_path):

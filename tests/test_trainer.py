@@ -36,7 +36,7 @@ def golden_config(tmp_path: Path, **overrides):
     tasks = tmp_path / "easy.jsonl"
     if not tasks.exists():
         write_jsonl(tasks, [t for t in generate_split("train") if t["misc"]["difficulty"] == "easy"][:6])
-    values = dict(model=str(FIXTURE), tasks=str(tasks), tasks_per_step=1, trees_per_task=2, total_updates=4, checkpoint_every=1,
+    values = dict(model=str(FIXTURE), backend="hf", tasks=str(tasks), tasks_per_step=1, trees_per_task=2, total_updates=4, checkpoint_every=1,
                   schedule="execution:2,delegation:1,rubric_generation:1", counterfactual=4, fork_cap=8,
                   max_new_tokens=96, max_steps_per_agent=4, filter_zero_variance=False, out=str(tmp_path / "run"))
     values.update(overrides)
@@ -153,53 +153,6 @@ def test_a_trained_checkpoint_evaluates_and_exports(reference, tmp_path):
         checkpoint_policy(tmp_path / "broken")
 
 
-class RecordingEngine:
-    """Stands in for vLLM at its boundary (a GPU engine this machine cannot run): generation
-    through :class:`HFPolicy` on its own copy of the weights, and each weight push recorded."""
-
-    def __init__(self, path, **engine_kwargs):
-        from sera_core.policy.hf import HFPolicy
-
-        self.hf, self.pushes = HFPolicy(path), []
-
-    def __getattr__(self, name):
-        return getattr(self.hf, name)
-
-    def load_weights(self, state_dict) -> None:
-        self.hf.model.load_state_dict(state_dict)
-        self.pushes.append(state_dict)
-
-
-@pytest.fixture
-def fresh_accelerate():
-    """Accelerate's process-wide state reset around a test that needs another precision."""
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-
-
-def test_resume_pushes_the_checkpoint_weights_to_the_vllm_engine(tmp_path, monkeypatch, fresh_accelerate):
-    """Issue 17.3: after --resume the engine samples from the checkpoint, not the base model."""
-    import torch
-
-    import sera_core.policy.vllm_backend as vllm_backend
-
-    monkeypatch.setattr(vllm_backend, "VLLMPolicy", RecordingEngine)
-    cfg = golden_config(tmp_path, backend="vllm", mixed_precision="bf16", total_updates=1, schedule="execution:1")
-    first = Trainer(cfg, progress=False)
-    first.run()
-    assert len(first.policy.pushes) == 1  # after the update
-    trained = first.accelerator.get_state_dict(first.model)
-    resumed = Trainer(cfg.replace(total_updates=2), progress=False)
-    engine = resumed.policy.hf.model.state_dict()
-    assert not all(torch.equal(engine[k], v) for k, v in trained.items())  # a fresh engine holds the base weights
-    resumed.load(tmp_path / "run" / "checkpoint")
-    engine = resumed.policy.hf.model.state_dict()
-    assert len(resumed.policy.pushes) == 1 and all(torch.equal(engine[k], v) for k, v in trained.items())
-
-
 def test_log_with_tensorboard_writes_every_metric_through_accelerate(tmp_path):
     """``log_with: tensorboard``: the metrics row's numeric columns as scalars at its version."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -235,7 +188,7 @@ def test_judge_calls_count_only_what_the_method_asks_for(tmp_path, method):
 
     tasks = tmp_path / "medium.jsonl"
     write_jsonl(tasks, [t for t in generate_split("train") if t["misc"]["difficulty"] == "medium"][:2])
-    cfg = load_config(CONFIGS / "textcraft" / f"{method}_tiny.yaml", model=str(FIXTURE), tasks=str(tasks),
+    cfg = load_config(CONFIGS / "textcraft" / f"{method}_tiny.yaml", model=str(FIXTURE), backend="hf", tasks=str(tasks),
                       tasks_per_step=2, trees_per_task=1, schedule="execution:1", total_updates=1,
                       out=str(tmp_path / "run"))
     trainer = Trainer(cfg, progress=False)

@@ -113,7 +113,9 @@ class Batcher:
 
 
 class PolicyActor:
-    """A token-level policy as an actor: calls are batched through one :class:`Batcher`."""
+    """A token-level policy as an actor. A policy that batches continuously (``agenerate``:
+    the ``vllm`` backend) gets each call as its own request; any other is batched through one
+    :class:`Batcher`."""
 
     enforce_context = True
 
@@ -121,8 +123,11 @@ class PolicyActor:
         self.policy = policy
         self.chat = ChatFormat(policy.tokenizer)
         self.batcher = Batcher(policy, max_batch)
+        self._continuous = getattr(policy, "agenerate", None)
 
     async def complete(self, call: Call) -> Generation:
+        if self._continuous is not None:
+            return await self._continuous(call.prompt_ids, call.params)
         return await self.batcher.generate(call.prompt_ids, call.params)
 
     def release(self, agent: str) -> None:
@@ -188,13 +193,18 @@ def make_actor(spec: str, *, max_batch: int = 64, noise: float = 0.0, tokenizer:
       benchmarks, with ``noise`` its chance of a mistake (TextCraft: wasted crafts, half as
       many early finishes; TextWorld: wrong preparations, half as many early finishes), in
       the ids of ``tokenizer`` (a folder; default: the scripted policies' own tokenizer);
-    * ``tiny``: the embedded policy (SmolLM2-135M-Instruct with its LoRA warm start);
+    * ``tiny``: the embedded policy (SmolLM2-135M-Instruct with its LoRA warm start) on the
+      ``hf`` backend (``hf:tiny``); ``vllm:tiny`` serves it 4.5x faster per task
+      (docs/benchmarks.md) and becomes the default once the notebooks and ``make demo`` have
+      run on it;
     * ``hf:PATH``: a Hugging Face model folder, an adapter folder, or a ``sera train`` run or
-      checkpoint (its starting model with the checkpoint's weights, hashes checked);
-    * ``vllm:PATH``: a model folder served by vLLM (GPU, the ``[gpu]`` extra).
+      checkpoint (its starting model with the checkpoint's weights, hashes checked), through
+      the ``hf`` backend (``hf:tiny``: the embedded policy);
+    * ``vllm:PATH``: the same served by a vLLM engine (:mod:`sera_core.policy.vllm_backend`;
+      its CPU build on CPUs): an adapter merged into its base, a checkpoint's weights pushed.
 
-    Token-level policies are batched (``max_batch`` sequences per call). A spec that names
-    nothing loadable raises ValueError saying what was expected."""
+    Token-level policies are batched (``hf``: ``max_batch`` sequences per call; ``vllm``:
+    continuously). A spec that names nothing loadable raises ValueError saying what was expected."""
     if spec == "expert":
         from sera_core.envs.textcraft.expert import ExpertConfig as CraftConfig
         from sera_core.envs.textworld.expert import ExpertConfig as WorldConfig
@@ -209,23 +219,34 @@ def make_actor(spec: str, *, max_batch: int = 64, noise: float = 0.0, tokenizer:
             tok = default_tokenizer()
         return ExpertPolicy(tok, textcraft=CraftConfig(mode="delegate", early_finish=noise / 2, waste=noise),
                             textworld=WorldConfig(mode="delegate", early_finish=noise / 2, mistake=noise))
-    if spec == "tiny" or spec.startswith("hf:"):
-        from pathlib import Path
-
-        from sera_core.policy.hf import HFPolicy
+    if spec == "tiny":
+        spec = "hf:tiny"
+    backend, _, name = spec.partition(":")
+    if backend not in ("hf", "vllm") or not name:
         from sera_core.policy.models import is_adapter, model_folder
 
-        path = model_folder("tiny") if spec == "tiny" else Path(spec[3:])
-        if (path / "state.json").is_file() or (path / "checkpoint" / "state.json").is_file():
-            from sera_core.train.trainer import checkpoint_policy  # a run's checkpoint: loaded by the trainer's rules
-
-            return PolicyActor(checkpoint_policy(path), max_batch=max_batch)
+    path = model_folder(name)
+    checkpoint = path if (path / "state.json").is_file() else path / "checkpoint"
+    if not (checkpoint / "state.json").is_file():
+        checkpoint = None
         if not (path / "config.json").is_file() and not is_adapter(path):
             raise ValueError(f"{spec}: {path} is neither a Hugging Face model folder (config.json), "
                              "an adapter folder (adapter_config.json) nor a training checkpoint (state.json)")
-        return PolicyActor(HFPolicy(path), max_batch=max_batch)
-    if spec.startswith("vllm:"):
-        from sera_core.policy.vllm_backend import VLLMPolicy
+    if backend == "hf":
+        from sera_core.policy.hf import HFPolicy
 
-        return PolicyActor(VLLMPolicy(spec[5:]), max_batch=max_batch)
-    raise ValueError(f"a policy is 'expert', 'tiny', 'hf:PATH' or 'vllm:PATH', not {spec!r}")
+        if checkpoint is not None:
+            from sera_core.train.trainer import checkpoint_policy  # a run's checkpoint: loaded by the trainer's rules
+
+            return PolicyActor(checkpoint_policy(checkpoint), max_batch=max_batch)
+        return PolicyActor(HFPolicy(path), max_batch=max_batch)
+    from sera_core.policy.vllm_backend import VLLMPolicy
+
+    if checkpoint is None:
+        return PolicyActor(VLLMPolicy(path), max_batch=max_batch)
+    from sera_core.train.trainer import checkpoint_model, model_path, read_checkpoint
+
+    model, _ = checkpoint_model(checkpoint)  # its starting model's engine, the checkpoint's weights pushed
+    policy = VLLMPolicy(model_path(read_checkpoint(checkpoint)["config"]["model"]))
+    policy.load_weights(model.state_dict())
+    return PolicyActor(policy, max_batch=max_batch)

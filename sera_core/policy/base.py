@@ -14,7 +14,13 @@ decoded text. Conventions shared by all backends:
   string is part of the text: trajectories keep every generated token), with
   ``stop_json`` at the token that completes the first JSON object (:func:`json_object_closed`),
   or at ``max_new_tokens``.
-* ``seed`` makes sampling reproducible per sequence, independent of batch composition.
+* ``seed`` gives a sequence its own random stream, so what it draws does not depend on the
+  other sequences' draws, and the same calls made the same way repeat token for token. It does
+  not make a sample independent of the batch: the logits it samples from may differ in their
+  last bits with the batch's shapes (``hf``: the padded block; ``vllm``: the engine step's
+  requests), and a draw that falls within that rounding of a token boundary then picks the
+  neighbouring token. Runs repeat because the runtime submits calls in an order its event
+  loop fixes (tested per backend: tests/test_policy.py, tests/test_vllm_backend.py).
 """
 
 from __future__ import annotations

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import time
 from collections import OrderedDict
 
 import numpy as np
@@ -114,6 +115,8 @@ class HFPolicy:
         self._last_logits = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         self.store = PrefixStore(prefix_cache_bytes)
         self._weights_version: int | None = None
+        self.step_log: list[tuple[int, float]] = []
+        """``(sequences still generating, seconds)`` of every decode step (the batching measurement)."""
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
         return chat_ids(self.tokenizer, messages)
@@ -187,7 +190,7 @@ class HFPolicy:
         next_pos = positions[:, -1] + 1
         mask = torch.ones((n, past_len + width + max(p.max_new_tokens for p in ps)), dtype=torch.long, device=self.device)
         mask[:, :past_len + width] = attention
-        steps = 0
+        steps, tick = 0, time.perf_counter()
         for _ in range(max(p.max_new_tokens for p in ps)):
             logp = torch.log_softmax(logits.float(), dim=-1).cpu()
             picked = torch.argmax(logp, dim=-1).tolist() if greedy else None
@@ -216,6 +219,9 @@ class HFPolicy:
                              use_cache=True, **self._last_logits, **{self._cache_arg: past})
             logits = out.logits[:, -1, :]
             next_pos = next_pos + 1
+            now = time.perf_counter()  # this step's sampling and forward, for the sequences still generating
+            self.step_log.append((sum(r is None for r in reasons), now - tick))
+            tick = now
         if self.store.budget > 0:
             for i, a in enumerate(arrays):  # keep each sequence: its prompt and all but its last token
                 start, end = past_len + width - len(a), past_len + width + len(tokens[i]) - 1

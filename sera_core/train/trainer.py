@@ -105,18 +105,29 @@ class CheckpointError(ValueError):
 
 
 class TimedPolicy:
-    """A policy wrapper that counts the seconds spent in ``generate`` (generation time)."""
+    """A policy wrapper that counts the seconds spent generating: in ``generate`` calls, or,
+    for a continuously batching policy (``agenerate``: vLLM), in its engine steps since the
+    wrapper was made (requests overlap there, so timing each call would count a step many times)."""
 
     def __init__(self, policy: Any):
-        self.policy, self.seconds = policy, 0.0
+        self.policy, self._seconds = policy, 0.0
         self.tokenizer = getattr(policy, "tokenizer", None)  # none on the scripted expert (an actor itself)
+        self._first_step = len(getattr(policy, "step_log", ()))
+
+    @property
+    def seconds(self) -> float:
+        if hasattr(self.policy, "agenerate"):
+            return sum(s for _, s in self.policy.step_log[self._first_step:])
+        return self._seconds
 
     def generate(self, prompts, params):
+        if hasattr(self.policy, "agenerate"):  # its engine steps are counted already
+            return self.policy.generate(prompts, params)
         t0 = time.perf_counter()
         try:
             return self.policy.generate(prompts, params)
         finally:
-            self.seconds += time.perf_counter() - t0
+            self._seconds += time.perf_counter() - t0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.policy, name)
@@ -247,10 +258,16 @@ class Trainer:
         if self.cfg.backend == "vllm":
             from sera_core.policy.vllm_backend import VLLMPolicy
 
-            return VLLMPolicy(path, gpu_memory_utilization=0.35)
+            # one engine per process, on its own device (module docstring of vllm_backend)
+            return VLLMPolicy(path, self.cfg.engine_settings(), distributed=self.part[1] > 1)
+        from accelerate.utils import DistributedType
+
         from sera_core.policy.hf import HFPolicy
         from sera_core.policy.models import merged
 
+        if self.accelerator.distributed_type == DistributedType.FSDP:
+            raise ValueError("backend hf cannot generate under FSDP (each process would generate on its shards, a "
+                             "collective whose length differs by process: it hangs); use backend: vllm")
         # a plain model is shared (updates are what the next rollouts sample from); an adapter
         # is merged into a copy of its base (plain layers generate faster), re-made after each
         # update and owned by the policy (its weights laid out for decoding: hf.decode_layout)
@@ -258,17 +275,30 @@ class Trainer:
         plain = merged(model)
         return HFPolicy.from_model(plain.eval(), self.tokenizer, own=plain is not model)
 
-    def _sync_policy(self) -> None:
-        """Make the rollout policy sample from the model's current weights (after an update
-        and after :meth:`load`): vLLM gets them pushed into its engine (an adapter merged
-        first); an adapter is merged again into a fresh copy of its base; a plain HF model is
-        the policy's own model already."""
-        from sera_core.policy.models import merged
+    def engine_weights(self) -> dict[str, torch.Tensor]:
+        """The model's current weights as plain Hugging Face-named full tensors, on *every*
+        process (:func:`~sera_core.utils.weights.full_weights`: sharded parameters gathered),
+        an adapter merged into its base (:func:`~sera_core.policy.models.merge_lora_state`).
+        What each process's engine loads."""
+        from sera_core.policy.models import merge_lora_state
+        from sera_core.utils.weights import full_weights
 
         model = self.accelerator.unwrap_model(self.model)
+        state = full_weights(model)
+        if hasattr(model, "peft_config"):
+            state = merge_lora_state(state, model.peft_config["default"].to_dict())
+        return state
+
+    def _sync_policy(self) -> None:
+        """Make the rollout policy sample from the model's current weights (after an update
+        and after :meth:`load`): every process's vLLM engine gets :meth:`engine_weights`
+        pushed; an adapter is merged again into a fresh copy of its base; a plain HF model is
+        the policy's own model already."""
+        model = self.accelerator.unwrap_model(self.model)
         if self.cfg.backend == "vllm":
-            is_adapter = hasattr(model, "merge_and_unload")
-            self.policy.load_weights(merged(model).state_dict() if is_adapter else self.accelerator.get_state_dict(self.model))
+            weights = self.engine_weights()
+            self.policy.wake_up()
+            self.policy.load_weights(weights)
         elif hasattr(model, "merge_and_unload"):
             self.policy = self._policy(model_path(self.cfg))
 
@@ -358,6 +388,8 @@ class Trainer:
         adv, filtered = self.advantages(stage, rollouts)
         rows = token_rows({r.tree.tree_id: r.tree for r in rollouts}, adv)
         model.train()
+        if self.cfg.backend == "vllm":
+            self.policy.sleep()  # GPUs: the engine's memory is the update's until _sync_policy
         self.optimizer.zero_grad(set_to_none=True)
         stats = loss_and_backward(self.model, rows, pad_id=self.tokenizer.pad_token_id,
                                   total_tokens=sum(r.tokens for r in rows), micro_batch_tokens=cfg.micro_batch_tokens,

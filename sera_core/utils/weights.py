@@ -95,3 +95,12 @@ def load_optimizer_state(model, optimizer, path: str | os.PathLike) -> None:
 def _unwrapped(optimizer):
     """The torch optimizer inside Accelerate's ``AcceleratedOptimizer`` (or the optimizer itself)."""
     return getattr(optimizer, "optimizer", optimizer)
+
+
+def full_weights(model) -> dict[str, torch.Tensor]:
+    """Every entry of ``model``'s state dict as a full tensor on **every** process: a sharded
+    parameter (FSDP2's DTensor) is all-gathered with ``full_tensor`` (a collective each
+    process joins, in the same name order), a plain one is taken as it is. Unlike
+    :func:`trained_state` (full tensors on rank 0 only, for writing files) this is what each
+    process's own rollout engine loads after an update."""
+    return {name: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach() for name, t in model.state_dict().items()}

@@ -1,0 +1,79 @@
+"""Training with ``backend: vllm`` on CPU, one engine per process (tests/test_vllm_backend.py).
+
+Run alone (``python tests/vllm_run.py OUT``) or as several gloo processes
+(``python -m torch.distributed.run --standalone --nproc_per_node 2 tests/vllm_run.py OUT``):
+each process's trainer starts its own vLLM CPU engine (``external_launcher`` when there are
+several) on the embedded policy (``model: tiny``: a LoRA adapter, served merged). Then:
+
+1. one update on trees the noisy expert played (mixed rewards: a real gradient; lr 1e-2 so the
+   weights move visibly), then the push;
+2. one update through ``Trainer.run`` on the engine's own rollouts (continuous batching
+   inside the trainer), which writes a checkpoint;
+3. alone: a fresh trainer (a second engine) resumes from that checkpoint.
+
+After each, every process compares its engine's greedy logprobs on a fixed prompt with its
+trainer model's logprobs of the same tokens, and writes ``OUT/result.<rank>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from sera_core.envs.textcraft.tasks import generate_split
+from sera_core.policy.base import SamplingParams
+from sera_core.policy.expert import ExpertPolicy
+from sera_core.policy.models import merged
+from sera_core.tiny.demos import NOISY_CRAFT
+from sera_core.train.config import load_config
+from sera_core.train.trainer import Trainer
+from sera_core.utils.jsonio import write_jsonl
+
+
+def agreement(trainer: Trainer) -> dict:
+    """The engine's greedy tokens and logprobs on a fixed prompt against the trainer model's
+    logprobs of those tokens (teacher-forced, float32)."""
+    policy = trainer.policy
+    prompt = policy.chat_prompt([{"role": "user", "content": "Craft 1 oak planks. Reply with your first action."}])
+    [gen] = policy.generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=12))
+    model = merged(trainer.accelerator.unwrap_model(trainer.model)).eval()
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + gen.token_ids])).logits[0, len(prompt) - 1:-1].float()
+    ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(gen.token_ids)[:, None])[:, 0].tolist()
+    return {"engine": gen.logprobs, "model": ref, "max_diff": max(abs(a - b) for a, b in zip(gen.logprobs, ref, strict=True))}
+
+
+def main(out: Path) -> None:
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    out.mkdir(parents=True, exist_ok=True)
+    tasks = out / f"tasks.{rank}.jsonl"
+    write_jsonl(tasks, [t for t in generate_split("train") if t["misc"]["difficulty"] == "easy"][:4])
+    cfg = load_config("textcraft/sera_tiny.yaml", backend="vllm", tasks=str(tasks), difficulties=None, tasks_per_step=2,
+                      trees_per_task=2, schedule="execution:1", counterfactual=0, max_new_tokens=48,
+                      max_steps_per_agent=3, micro_batch_tokens=2048, total_updates=2, checkpoint_every=1, lr=1e-2,
+                      filter_zero_variance=False, engine_kv_cache_gib=0.5, engine_max_model_len=4096,
+                      out=str(out / "run"))
+    trainer = Trainer(cfg, progress=False)
+    result = {"rank": rank, "processes": trainer.part[1], "start": agreement(trainer)}
+    stage = trainer.stages.stage(0)
+    rollouts = trainer.play(stage, 0, ExpertPolicy(trainer.tokenizer, textcraft=NOISY_CRAFT))
+    adv, *_ = trainer.update(stage, rollouts)
+    trainer.version += 1
+    result["expert_update"] = agreement(trainer) | {"datums": len(adv)}
+    rows = trainer.run()
+    result["own_update"] = agreement(trainer) | {"tokens_trained": rows[-1]["tokens_trained"],
+                                                 "requests": trainer.policy.requests}
+    if trainer.part[1] == 1:
+        del trainer
+        resumed = Trainer(cfg.replace(total_updates=3), progress=False)
+        result["fresh"] = agreement(resumed)
+        resumed.load(out / "run" / "checkpoint")
+        result["resumed"] = agreement(resumed)
+    (out / f"result.{rank}.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
