@@ -237,10 +237,11 @@ def test_training_with_the_engine_pushes_every_update_and_the_resume(tmp_path):
     assert r["processes"] == 1 and r["expert_update"]["datums"] > 0 and r["own_update"]["tokens_trained"] > 0
     for key in ("start", "expert_update", "own_update", "resumed"):
         assert r[key]["max_diff"] < LOGPROB_TOL, key
+    error = max(r[key]["max_diff"] for key in ("start", "expert_update", "own_update", "resumed"))
     moved = max(abs(a - b) for a, b in zip(r["own_update"]["model"], r["start"]["model"]))
-    assert moved > 20 * LOGPROB_TOL  # the updates changed the model visibly
+    assert moved > 10 * error  # the updates moved the model far more than engine and model differ
     stale = max(abs(a - b) for a, b in zip(r["fresh"]["engine"], r["resumed"]["model"]))
-    assert stale > 20 * LOGPROB_TOL
+    assert stale > 10 * error  # a fresh engine is stale until the checkpoint is pushed
 
 
 @pytest.mark.timeout(1200)
@@ -253,5 +254,6 @@ def test_two_processes_each_own_an_engine_and_both_get_the_weights(tmp_path):
     for r in results:
         for key in ("start", "expert_update", "own_update"):
             assert r[key]["max_diff"] < LOGPROB_TOL, (r["rank"], key)
-        assert max(abs(a - b) for a, b in zip(r["own_update"]["model"], r["start"]["model"])) > 20 * LOGPROB_TOL
+        error = max(r[key]["max_diff"] for key in ("start", "expert_update", "own_update"))
+        assert max(abs(a - b) for a, b in zip(r["own_update"]["model"], r["start"]["model"])) > 10 * error
     assert results[0]["own_update"]["engine"] == pytest.approx(results[1]["own_update"]["engine"], abs=LOGPROB_TOL)
