@@ -18,6 +18,7 @@ trainer model's logprobs of the same tokens, and writes ``OUT/result.<rank>.json
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -47,7 +48,7 @@ def agreement(trainer: Trainer) -> dict:
 
 
 def main(out: Path) -> None:
-    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    rank = int(os.environ.get("RANK", 0))  # torchrun's; the trainer starts the process group
     out.mkdir(parents=True, exist_ok=True)
     tasks = out / f"tasks.{rank}.jsonl"
     write_jsonl(tasks, [t for t in generate_split("train") if t["misc"]["difficulty"] == "easy"][:4])

@@ -223,7 +223,8 @@ def make_actor(spec: str, *, max_batch: int = 64, noise: float = 0.0, tokenizer:
         spec = "hf:tiny"
     backend, _, name = spec.partition(":")
     if backend not in ("hf", "vllm") or not name:
-        from sera_core.policy.models import is_adapter, model_folder
+        raise ValueError(f"a policy is 'expert', 'tiny', 'hf:PATH' or 'vllm:PATH', not {spec!r}")
+    from sera_core.policy.models import is_adapter, model_folder
 
     path = model_folder(name)
     checkpoint = path if (path / "state.json").is_file() else path / "checkpoint"
