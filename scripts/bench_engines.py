@@ -62,7 +62,7 @@ def measure(backend: str, new: int, n_tasks: int) -> dict:
     print(row, flush=True)
     cfg = load_config("textcraft/sera_tiny.yaml", backend=backend)
     easy = [t for t in val if t["misc"]["difficulty"] == "easy"][:n_tasks]
-    policy.step_log.clear()
+    policy.step_log = []
     t0 = time.perf_counter()
     rollouts = Runtime("textcraft", actor, cfg.rollout_settings(branches=False, temperature=0.0, rubric_temperature=0.0)).run(easy)
     row["tasks"] = len(easy)
@@ -76,7 +76,7 @@ def measure(backend: str, new: int, n_tasks: int) -> dict:
         t0 = time.perf_counter()
         trainer = Trainer(cfg, progress=False)
         row["update_start_s"] = round(time.perf_counter() - t0, 1)
-        trainer.policy.step_log.clear()
+        trainer.policy.step_log = []
         metrics = trainer.step()
         row["update_s"] = metrics["seconds"]
         row["update_generation_s"] = metrics["seconds_generation"]

@@ -115,8 +115,9 @@ class HFPolicy:
         self._last_logits = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         self.store = PrefixStore(prefix_cache_bytes)
         self._weights_version: int | None = None
-        self.step_log: list[tuple[int, float]] = []
-        """``(sequences still generating, seconds)`` of every decode step (the batching measurement)."""
+        self.step_log: list[tuple[int, float]] | None = None
+        """Set to a list to record ``(sequences still generating, seconds)`` of every decode step
+        (the batching measurement); None records nothing (a long run would grow it without bound)."""
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
         return chat_ids(self.tokenizer, messages)
@@ -219,9 +220,10 @@ class HFPolicy:
                              use_cache=True, **self._last_logits, **{self._cache_arg: past})
             logits = out.logits[:, -1, :]
             next_pos = next_pos + 1
-            now = time.perf_counter()  # this step's sampling and forward, for the sequences still generating
-            self.step_log.append((sum(r is None for r in reasons), now - tick))
-            tick = now
+            if self.step_log is not None:
+                now = time.perf_counter()  # this step's sampling and forward, for the sequences still generating
+                self.step_log.append((sum(r is None for r in reasons), now - tick))
+                tick = now
         if self.store.budget > 0:
             for i, a in enumerate(arrays):  # keep each sequence: its prompt and all but its last token
                 start, end = past_len + width - len(a), past_len + width + len(tokens[i]) - 1

@@ -25,7 +25,7 @@ Continuous batching
     event loop between steps so that an agent whose turn ended submits its next turn into the
     running batch. No agent waits for another agent's completion (the ``hf`` backend's
     :class:`~sera_core.agents.actors.Batcher` waits for a whole batch). ``step_log`` records
-    ``(requests open, seconds)`` per engine step. :meth:`VLLMPolicy.generate` runs a batch
+    ``(requests open, seconds)`` per engine step when set to a list. :meth:`VLLMPolicy.generate` runs a batch
     to its end through the same requests (notebooks, benchmarks, tests).
 
 Seeds (what they guarantee)
@@ -218,12 +218,15 @@ class VLLMPolicy:
         self.tokenizer = self.llm.get_tokenizer()
         self.folder, self.cuda = folder, cuda
         self.in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
-        self.tied = bool(getattr(self.llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False))
+        self.tied = bool(getattr(self.engine.model_config.hf_config, "tie_word_embeddings", False))
         self._ids = itertools.count()
         self._open: dict[str, _Job] = {}
         self._driver: asyncio.Task | None = None
-        self.step_log: list[tuple[int, float]] = []
-        """``(requests open, seconds)`` of every engine step (the batching measurement)."""
+        self.step_log: list[tuple[int, float]] | None = None
+        """Set to a list to record ``(requests open, seconds)`` of every engine step (the batching
+        measurement); None records nothing (a long run would grow it without bound)."""
+        self.seconds = 0.0
+        """Seconds spent in engine steps since the engine started (the trainer's generation time)."""
         self.requests = 0
         """Engine requests submitted (a ``stop_json`` completion past an inner brace takes several)."""
         self.asleep = False
@@ -298,7 +301,10 @@ class VLLMPolicy:
     def _step(self) -> None:
         t0, open_now = time.perf_counter(), len(self._open)
         outputs = self.engine.step()
-        self.step_log.append((open_now, time.perf_counter() - t0))
+        spent = time.perf_counter() - t0
+        self.seconds += spent
+        if self.step_log is not None:
+            self.step_log.append((open_now, spent))
         for out in outputs:
             if out.finished:
                 self._finish(self._open.pop(out.request_id), out.outputs[0])

@@ -112,12 +112,12 @@ class TimedPolicy:
     def __init__(self, policy: Any):
         self.policy, self._seconds = policy, 0.0
         self.tokenizer = getattr(policy, "tokenizer", None)  # none on the scripted expert (an actor itself)
-        self._first_step = len(getattr(policy, "step_log", ()))
+        self._engine_start = getattr(policy, "seconds", 0.0) if hasattr(policy, "agenerate") else 0.0
 
     @property
     def seconds(self) -> float:
         if hasattr(self.policy, "agenerate"):
-            return sum(s for _, s in self.policy.step_log[self._first_step:])
+            return self.policy.seconds - self._engine_start
         return self._seconds
 
     def generate(self, prompts, params):
