@@ -32,7 +32,7 @@ demo: setup  ## Main job on the embedded default: both benchmarks solved by the 
 	$(BIN)/sera solve --env textworld --tasks runs/demo/textworld_test.jsonl --mode delegate
 	$(BIN)/sera train --config textcraft/sera_tiny.yaml --set 'difficulties=[easy]' --total-updates 2 --out runs/demo/tiny_sera --resume
 	$(BIN)/sera tasks --env textcraft --split val --difficulty easy --limit 8 --out runs/demo/textcraft_val_easy8.jsonl
-	$(BIN)/sera eval --env textcraft --tasks runs/demo/textcraft_val_easy8.jsonl --policy hf:runs/demo/tiny_sera \
+	$(BIN)/sera eval --env textcraft --tasks runs/demo/textcraft_val_easy8.jsonl --policy vllm:runs/demo/tiny_sera \
 	  --label "SmolLM2-135M + LoRA (CPU), make demo: 2 SERA updates, 8 easy val tasks" --method sera --out runs/demo/eval_tiny --resume
 	$(BIN)/sera tables --runs runs/demo/eval_tiny --out runs/demo/tables
 
@@ -73,6 +73,8 @@ bench: setup  ## Benchmarks (numbers go to docs/benchmarks.md)
 	$(BIN)/python scripts/bench_textworld.py
 	$(BIN)/python scripts/bench_runtime.py
 	$(BIN)/python scripts/bench_generation.py
+	$(BIN)/python scripts/bench_engines.py
+	$(BIN)/python scripts/bench_engines.py --lora
 
 gpu-check: setup  ## On a lent GPU machine: vLLM parity and weight push, 2 FSDP bf16 updates, speed -> runs/gpu_check/gpu_check.json (under 8 min; DRY_RUN=1 on CPU)
 	$(BIN)/python scripts/gpu_check.py --out runs/gpu_check $(if $(DRY_RUN),--dry-run,)

@@ -39,6 +39,6 @@ def test_every_sera_command_of_the_makefile_parses(target, line):
 def test_demo_runs_both_benchmarks_and_the_tiny_path():
     demo = " ".join(_targets()["demo"])
     for step in ("sera solve --env textcraft", "sera solve --env textworld", "sera train --config textcraft/sera_tiny.yaml",
-                 "sera eval", "--policy hf:runs/demo/tiny_sera", "sera tables --runs runs/demo/eval_tiny"):
+                 "sera eval", "--policy vllm:runs/demo/tiny_sera", "sera tables --runs runs/demo/eval_tiny"):
         assert step in demo.replace("$(BIN)/", ""), step
     assert demo.count("--resume") == 2  # a second `make demo` resumes instead of refusing

@@ -103,8 +103,8 @@ def test_json_object_closed_only_when_the_first_object_is_complete():
 def test_stop_json_ends_at_the_closing_token_and_both_backends_cut_the_same(tmp_path):
     """A model that writes a JSON object and runs on stops at the token that closes it
     (finish reason ``json``), its tokens and log-probabilities a prefix of the free run;
-    ``json_stop_length`` (the vLLM backend's cut) finds the same length in the free run."""
-    from sera_core.policy.base import json_object_closed, json_stop_length
+    the first prefix of the free run that ``json_closed_by_last`` accepts has the same length."""
+    from sera_core.policy.base import json_closed_by_last, json_object_closed
 
     text = 'Score: {"success": true, "final_score": 1.0} and then it goes on and on'
     path = build_tiny(tmp_path / "m", [text] * 20, vocab_size=300, cfg=TinyModelConfig(), seed=0)
@@ -125,7 +125,8 @@ def test_stop_json_ends_at_the_closing_token_and_both_backends_cut_the_same(tmp_
     assert stopped.finish_reason == "json" and stopped.text.endswith("1.0}")
     assert stopped.token_ids == free.token_ids[:len(stopped.token_ids)]
     assert stopped.logprobs == pytest.approx(free.logprobs[:len(stopped.token_ids)], abs=1e-5)
-    assert json_stop_length(free.token_ids, model.decode) == len(stopped.token_ids)
+    first = next(n for n in range(1, len(free.token_ids) + 1) if json_closed_by_last(free.token_ids[:n], model.decode))
+    assert first == len(stopped.token_ids)
     assert json_object_closed(stopped.text) and not json_object_closed(model.decode(stopped.token_ids[:-1]))
 
 

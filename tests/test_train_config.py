@@ -88,7 +88,8 @@ def write(tmp_path, text: str):
     ("scorer: external\n", "external_url"),
     ("clip_high: 0.0\n", "clip_high"),
     ("depth_weighting: 1\n", "depth_weighting"),
-    ("accelerate_config: accelerate/2x8xh200.yaml\n", "backend"),  # FSDP + hf generation would hang
+    ("backend: hf\naccelerate_config: accelerate/2x8xh200.yaml\n", "backend"),  # FSDP + hf generation would hang
+    ("mixed_precision: fp16\n", "mixed_precision"),
     ("engine_gpu_memory_utilization: 1.5\n", "engine_gpu_memory_utilization"),
     ("engine_kv_cache_gib: 0\n", "engine_kv_cache_gib"),
     ("engine_dtype: fp8\n", "engine_dtype"),
@@ -102,11 +103,19 @@ def test_bad_configs_fail_naming_the_key(tmp_path, text, key):
 
 
 def test_the_vllm_backend_runs_the_tiny_model_on_cpu_with_engine_settings_from_the_config():
-    """``model: tiny`` with ``backend: vllm`` is a valid CPU config (float32, no bf16 needed), and
-    the engine's max_model_len comes from the benchmark's caps unless set."""
-    cfg = load_config("textcraft/sera_tiny.yaml", backend="vllm")
+    """``model: tiny`` runs on ``backend: vllm`` by default, a valid CPU config whose precision
+    follows the machine (``auto``: bfloat16 only where it is native), and the engine's
+    max_model_len comes from the benchmark's caps unless set."""
+    from unittest import mock
+
+    cfg = load_config("textcraft/sera_tiny.yaml")
     engine = cfg.engine_settings()
-    assert cfg.mixed_precision == "no" and engine.max_model_len == 10240 + 256 and engine.kv_cache_gib == 2.0
+    assert cfg.backend == "vllm" and cfg.mixed_precision == "auto" and engine.dtype == "auto"
+    assert engine.max_model_len == 10240 + 256 and engine.kv_cache_gib == 2.0
+    for native, precision in ((True, "bf16"), (False, "no")):
+        with mock.patch("sera_core.utils.hardware.native_bf16", return_value=native):
+            assert cfg.precision() == precision
+    assert cfg.replace(mixed_precision="no").precision() == "no"
     assert load_config("textworld/sera_full.yaml").engine_settings().max_model_len == 13312 + 3072
     assert load_config("textcraft/sera_tiny.yaml", backend="vllm", engine_max_model_len=4096).engine_settings().max_model_len == 4096
 
@@ -184,3 +193,12 @@ def test_the_training_pool_filters_by_difficulty_and_the_plan_shows_it():
     assert len(load_tasks(full.replace(difficulties=None))) == 2522
     with pytest.raises(ConfigError, match="difficulties"):
         load_config("textcraft/sera_full.yaml", difficulties=["trivial"])
+
+
+def test_one_process_may_train_at_one_precision_then_another():
+    """Accelerate refuses a second precision in a process; ``accelerator`` lets a notebook or a
+    test run a float32 trainer after a bfloat16 one (``mixed_precision: auto`` next to ``no``)."""
+    from sera_core.utils.hardware import accelerator
+
+    for precision in ("no", "bf16", "no"):
+        assert accelerator(precision, cpu=True).mixed_precision == precision

@@ -36,7 +36,8 @@ def golden_config(tmp_path: Path, **overrides):
     tasks = tmp_path / "easy.jsonl"
     if not tasks.exists():
         write_jsonl(tasks, [t for t in generate_split("train") if t["misc"]["difficulty"] == "easy"][:6])
-    values = dict(model=str(FIXTURE), backend="hf", tasks=str(tasks), tasks_per_step=1, trees_per_task=2, total_updates=4, checkpoint_every=1,
+    # float32 (not the tiny configs' auto): the golden reference holds on every CPU
+    values = dict(model=str(FIXTURE), backend="hf", mixed_precision="no", tasks=str(tasks), tasks_per_step=1, trees_per_task=2, total_updates=4, checkpoint_every=1,
                   schedule="execution:2,delegation:1,rubric_generation:1", counterfactual=4, fork_cap=8,
                   max_new_tokens=96, max_steps_per_agent=4, filter_zero_variance=False, out=str(tmp_path / "run"))
     values.update(overrides)

@@ -148,3 +148,39 @@ def test_rescored_rows_carry_the_models_own_logprobs(model_and_rows, budget):
     stats = loss_and_backward(model, rows, pad_id=0, total_tokens=n, micro_batch_tokens=budget)
     model.zero_grad()
     assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # every importance ratio is 1
+
+
+@pytest.mark.parametrize("which", ["qwen3", "embedded"])
+def test_logprobs_at_the_trained_positions_only_equal_the_full_computation(model_and_rows, which):
+    """``sequence_logprobs(..., positions)`` (the output layer at the needed columns only)
+    gives the full computation's logprobs and gradients at those positions and 0 elsewhere:
+    on the random Qwen3 and on the embedded policy as it trains (LoRA, activation
+    checkpointing), with a padded batch whose rows need different columns."""
+    if which == "qwen3":
+        model, spec = model_and_rows
+    else:
+        from sera_core.policy.models import EMBEDDED, load_model
+
+        model = load_model(EMBEDDED, trainable=True)[0].train()
+        spec = model_and_rows[1]
+    n = max(len(ids) for ids, _ in spec)
+    ids = torch.tensor([list(i) + [0] * (n - len(i)) for i, _ in spec])
+    attention = torch.tensor([[1] * len(i) + [0] * (n - len(i)) for i, _ in spec])
+    positions = torch.tensor([list(t[1:]) + [False] * (n - len(t)) for _, t in spec])
+    weights = torch.linspace(-1.0, 1.0, positions.numel()).reshape(positions.shape)
+    grads = []
+    for pos in (None, positions):
+        model.zero_grad(set_to_none=True)
+        lp = sequence_logprobs(model, ids, attention, pos)
+        (lp * weights * positions).sum().backward()
+        grads.append({k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None})
+        if pos is None:
+            full = lp.detach()
+        else:
+            part = lp.detach()
+    assert positions.any(0).sum() < n - 1  # some columns are skipped
+    assert torch.equal(part[~positions], torch.zeros_like(part[~positions]))
+    assert torch.allclose(part[positions], full[positions], atol=1e-5)
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for k in grads[0]:
+        assert torch.allclose(grads[0][k], grads[1][k], atol=1e-5, rtol=1e-4), k

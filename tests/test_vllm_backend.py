@@ -21,6 +21,7 @@ from sera_core.envs.registry import benchmark, record_value  # noqa: E402
 from sera_core.policy.base import SamplingParams  # noqa: E402
 from sera_core.policy.hf import HFPolicy  # noqa: E402
 from sera_core.policy.models import EMBEDDED, merged_folder  # noqa: E402
+from sera_core.utils.hardware import native_bf16  # noqa: E402
 from sera_core.policy.vllm_backend import (  # noqa: E402
     EngineConfig,
     EngineStartError,
@@ -178,6 +179,8 @@ def test_an_engine_that_cannot_start_says_why_before_any_rollout(tmp_path):
         EngineConfig(max_model_len=0)
     assert cpu_supported(" fpu sse2 ") == "this CPU has neither AVX2 nor AVX-512"
     assert cpu_supported(" fpu avx2 ") is None and cpu_supported(" avx512f avx512bw ") is None
+    assert native_bf16(cuda=False, flags=" fpu avx512f avx512_bf16 ") and native_bf16(cuda=False, flags=" amx_bf16 ")
+    assert not native_bf16(cuda=False, flags=" fpu avx512f avx512_vnni ") and not native_bf16(cuda=False, flags="")
 
 
 def test_engine_arguments_bound_memory_and_pin_one_engine_per_process(tmp_path):
@@ -185,12 +188,16 @@ def test_engine_arguments_bound_memory_and_pin_one_engine_per_process(tmp_path):
     capped by the model) and its memory share; several processes use ``external_launcher``
     (one engine each, in its process); GPUs may sleep; CPUs reserve a stated KV cache."""
     cfg = EngineConfig(max_model_len=9000, gpu_memory_utilization=0.3, kv_cache_gib=0.5)
-    gpu = engine_kwargs(tmp_path, cfg, cuda=True, distributed=True, max_model_len=8192)
+    gpu = engine_kwargs(tmp_path, cfg, cuda=True, distributed=True, max_model_len=8192, bf16=True)
     assert gpu["max_model_len"] == 8192 and gpu["gpu_memory_utilization"] == 0.3 and gpu["enable_sleep_mode"]
     assert gpu["distributed_executor_backend"] == "external_launcher" and gpu["tensor_parallel_size"] == 1
     assert gpu["dtype"] == "bfloat16" and not gpu["enforce_eager"] and gpu["enable_prefix_caching"]
-    cpu = engine_kwargs(tmp_path, cfg, cuda=False, distributed=False, max_model_len=8192)
+    cpu = engine_kwargs(tmp_path, cfg, cuda=False, distributed=False, max_model_len=8192, bf16=False)
     assert cpu["kv_cache_memory_bytes"] == 1 << 29 and cpu["dtype"] == "float32" and cpu["enforce_eager"]
+    # auto precision follows the hardware: bfloat16 on a CPU that runs it natively; a set dtype wins
+    assert engine_kwargs(tmp_path, cfg, cuda=False, distributed=False, max_model_len=8192, bf16=True)["dtype"] == "bfloat16"
+    f32 = EngineConfig(dtype="float32")
+    assert engine_kwargs(tmp_path, f32, cuda=True, distributed=False, max_model_len=8192, bf16=True)["dtype"] == "float32"
     assert "distributed_executor_backend" not in cpu and "gpu_memory_utilization" not in cpu
     assert cpu["worker_extension_cls"] == "sera_core.policy.vllm_worker.WeightLoader"
 

@@ -56,6 +56,7 @@ def main(out: Path) -> None:
                       trees_per_task=2, schedule="execution:1", counterfactual=0, max_new_tokens=48,
                       max_steps_per_agent=3, micro_batch_tokens=2048, total_updates=2, checkpoint_every=1, lr=1e-2,
                       filter_zero_variance=False, engine_kv_cache_gib=0.5, engine_max_model_len=4096,
+                      engine_dtype="float32", mixed_precision="no",  # engine logprobs = the trainer's within 1e-3
                       out=str(out / "run"))
     trainer = Trainer(cfg, progress=False)
     result = {"rank": rank, "processes": trainer.part[1], "start": agreement(trainer)}

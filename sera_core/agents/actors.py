@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from sera_core.judges import JudgeStats
 from sera_core.policy.base import Generation, Policy, SamplingParams
 from sera_core.policy.chat import ChatFormat
+from sera_core.utils.aio import settle
 
 CALL_KINDS = ("act", "rubric", "score")
 
@@ -94,11 +95,7 @@ class Batcher:
 
     async def _flush(self) -> None:
         while self._pending:
-            seen, quiet = -1, 0
-            while quiet < self.settle and len(self._pending) < self.max_batch:
-                await asyncio.sleep(0)
-                quiet = quiet + 1 if len(self._pending) == seen else 0
-                seen = len(self._pending)
+            await settle(lambda: len(self._pending), self.settle, self.max_batch)
             batch, self._pending = self._pending[:self.max_batch], self._pending[self.max_batch:]
             self.batches.append(len(batch))
             try:
@@ -193,10 +190,9 @@ def make_actor(spec: str, *, max_batch: int = 64, noise: float = 0.0, tokenizer:
       benchmarks, with ``noise`` its chance of a mistake (TextCraft: wasted crafts, half as
       many early finishes; TextWorld: wrong preparations, half as many early finishes), in
       the ids of ``tokenizer`` (a folder; default: the scripted policies' own tokenizer);
-    * ``tiny``: the embedded policy (SmolLM2-135M-Instruct with its LoRA warm start) on the
-      ``hf`` backend (``hf:tiny``); ``vllm:tiny`` serves it 4.5x faster per task
-      (docs/benchmarks.md) and becomes the default once the notebooks and ``make demo`` have
-      run on it;
+    * ``tiny``: the embedded policy (SmolLM2-135M-Instruct with its LoRA warm start) served by
+      vLLM's CPU build (``vllm:tiny``: on 2 cores an easy task in 8 s against 63 s on the
+      ``hf`` backend, docs/benchmarks.md); ``hf:tiny`` names the ``hf`` backend;
     * ``hf:PATH``: a Hugging Face model folder, an adapter folder, or a ``sera train`` run or
       checkpoint (its starting model with the checkpoint's weights, hashes checked), through
       the ``hf`` backend (``hf:tiny``: the embedded policy);
@@ -220,7 +216,7 @@ def make_actor(spec: str, *, max_batch: int = 64, noise: float = 0.0, tokenizer:
         return ExpertPolicy(tok, textcraft=CraftConfig(mode="delegate", early_finish=noise / 2, waste=noise),
                             textworld=WorldConfig(mode="delegate", early_finish=noise / 2, mistake=noise))
     if spec == "tiny":
-        spec = "hf:tiny"
+        spec = "vllm:tiny"
     backend, _, name = spec.partition(":")
     if backend not in ("hf", "vllm") or not name:
         raise ValueError(f"a policy is 'expert', 'tiny', 'hf:PATH' or 'vllm:PATH', not {spec!r}")
@@ -245,9 +241,6 @@ def make_actor(spec: str, *, max_batch: int = 64, noise: float = 0.0, tokenizer:
 
     if checkpoint is None:
         return PolicyActor(VLLMPolicy(path), max_batch=max_batch)
-    from sera_core.train.trainer import checkpoint_model, model_path, read_checkpoint
+    from sera_core.train.trainer import checkpoint_engine
 
-    model, _ = checkpoint_model(checkpoint)  # its starting model's engine, the checkpoint's weights pushed
-    policy = VLLMPolicy(model_path(read_checkpoint(checkpoint)["config"]["model"]))
-    policy.load_weights(model.state_dict())
-    return PolicyActor(policy, max_batch=max_batch)
+    return PolicyActor(checkpoint_engine(checkpoint), max_batch=max_batch)

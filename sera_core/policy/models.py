@@ -116,10 +116,8 @@ def merged_folder(path: str | os.PathLike) -> Path:
     covers the adapter's weights and config and the base's weights digest) through a
     temporary folder, so a half-written one is never found."""
     import hashlib
-    import shutil
-    import tempfile
 
-    from sera_core.utils.folders import sha256_file
+    from sera_core.utils.folders import sha256_file, write_once
 
     path = Path(path)
     if not is_adapter(path):
@@ -133,18 +131,13 @@ def merged_folder(path: str | os.PathLike) -> Path:
     h.update(json.loads((path / "manifest.json").read_text())["base"]["weights_sha256"].encode())
     parent = Path(os.environ.get("SERA_MERGED_DIR") or Path.home() / ".cache" / "sera" / "merged")
     out = parent / h.hexdigest()[:16]
-    if (out / "config.json").is_file():
-        return out
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", suffix=".tmp", dir=parent))
-    model, tokenizer = load_model(path, device="cpu", dtype=torch.float32)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    try:
-        os.replace(tmp, out)
-    except OSError:  # another process put its copy there first
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+
+    def write(tmp: Path) -> None:
+        model, tokenizer = load_model(path, device="cpu", dtype=torch.float32)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+
+    return write_once(out, write, lambda folder: (folder / "config.json").is_file())
 
 
 def merge_lora_state(state: dict, adapter_config: dict) -> dict:

@@ -74,6 +74,8 @@ import torch
 
 from sera_core.policy.base import Generation, SamplingParams, json_object_closed, per_prompt
 from sera_core.policy.chat import chat_ids
+from sera_core.utils.aio import settle
+from sera_core.utils.hardware import cpu_flags, native_bf16
 
 
 class EngineStartError(RuntimeError):
@@ -96,8 +98,9 @@ class EngineConfig:
     """CPUs: GiB of KV cache the engine reserves up front (2 GiB is about 46,000 tokens of
     SmolLM2-135M in float32)."""
     dtype: str = "auto"
-    """``auto`` (float32 on CPUs, for logprobs equal to the trainer's; bfloat16 on GPUs),
-    ``float32`` or ``bfloat16``."""
+    """``auto``: bfloat16 where the device runs it natively (GPUs; CPUs with AVX512_BF16 or
+    AMX: :func:`~sera_core.utils.hardware.native_bf16`), else float32; or ``float32`` (logprobs
+    equal to a float32 trainer's within 1e-3, tests/test_vllm_backend.py) or ``bfloat16``."""
     enforce_eager: bool | None = None
     """No CUDA graphs or torch.compile (None: True on CPUs, where compiling takes minutes at
     start-up, False on GPUs)."""
@@ -118,28 +121,24 @@ class EngineConfig:
 def cpu_supported(flags: str | None = None) -> str | None:
     """None when this CPU runs vLLM's CPU kernels (AVX2 or AVX-512 on x86_64; other
     machines are left to vLLM), else the reason it does not. ``flags``: the CPU flags text
-    (default: ``/proc/cpuinfo`` on x86_64)."""
-    import platform
-
+    (default: :func:`~sera_core.utils.hardware.cpu_flags`)."""
+    flags = cpu_flags() if flags is None else flags
     if flags is None:
-        if platform.machine() != "x86_64":
-            return None
-        try:
-            flags = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return None
+        return None
     return None if (" avx2" in flags or " avx512f" in flags) else "this CPU has neither AVX2 nor AVX-512"
 
 
-def engine_kwargs(folder: Path, cfg: EngineConfig, *, cuda: bool, distributed: bool, max_model_len: int) -> dict:
+def engine_kwargs(folder: Path, cfg: EngineConfig, *, cuda: bool, distributed: bool, max_model_len: int,
+                  bf16: bool) -> dict:
     """The ``vllm.LLM`` arguments of an engine for the model folder ``folder``: prefix caching
     on; the weight loader mixed into the workers; dtype and eager mode per device
-    (:class:`EngineConfig`); on GPUs the memory share and sleep mode, on CPUs the KV cache in
-    bytes; with several training processes ``external_launcher`` (one engine per process,
-    in it, on the device the process pinned), tensor parallelism 1."""
+    (:class:`EngineConfig`; ``bf16``: whether the device runs bfloat16 natively, what ``auto``
+    follows); on GPUs the memory share and sleep mode, on CPUs the KV cache in bytes; with
+    several training processes ``external_launcher`` (one engine per process, in it, on the
+    device the process pinned), tensor parallelism 1."""
     kwargs = dict(model=str(folder), tokenizer=str(folder), max_model_len=max_model_len,
                   enable_prefix_caching=True, seed=cfg.seed, max_num_seqs=cfg.max_num_seqs,
-                  dtype=cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if cuda else "float32"),
+                  dtype=cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if bf16 else "float32"),
                   enforce_eager=(not cuda) if cfg.enforce_eager is None else cfg.enforce_eager,
                   worker_extension_cls="sera_core.policy.vllm_worker.WeightLoader")
     if cuda:
@@ -201,7 +200,8 @@ class VLLMPolicy:
         self.max_model_len = min(cfg.max_model_len, trained or cfg.max_model_len)  # the model's own limit
         if cuda and distributed:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))  # this process's own GPU
-        kwargs = engine_kwargs(folder, cfg, cuda=cuda, distributed=distributed, max_model_len=self.max_model_len)
+        kwargs = engine_kwargs(folder, cfg, cuda=cuda, distributed=distributed, max_model_len=self.max_model_len,
+                               bf16=native_bf16(cuda=cuda))
         states = random.getstate(), np.random.get_state(), torch.get_rng_state()
         set_threads = torch.set_num_threads  # the CPU worker replaces it with a no-op for the whole process
         try:
@@ -259,14 +259,10 @@ class VLLMPolicy:
             self._driver = asyncio.ensure_future(self._drive(settle))
         return await job.future
 
-    async def _drive(self, settle: int) -> None:
+    async def _drive(self, rounds: int) -> None:
         try:
             while self._open:
-                seen, quiet = -1, 0
-                while quiet < settle:  # let every agent whose turn just ended submit its next one
-                    await asyncio.sleep(0)
-                    quiet = quiet + 1 if len(self._open) == seen else 0
-                    seen = len(self._open)
+                await settle(lambda: len(self._open), rounds)  # every agent whose turn just ended submits its next
                 self._step()
         except Exception as exc:  # noqa: BLE001 - hand the failure to every waiting caller
             for job in self._open.values():

@@ -58,10 +58,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
-from accelerate import Accelerator
 from tqdm.auto import tqdm
 
 from sera_core.utils.folders import swap_in
+from sera_core.utils.hardware import accelerator as make_accelerator
 from sera_core.utils.weights import load_optimizer_state, load_trained, optimizer_state, save_trained
 from sera_core.utils.seeding import derive_seed
 
@@ -302,7 +302,7 @@ def train_sft(model, samples: Sequence[Sample], cfg: SFTConfig, out_dir: str | o
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config, digest = json.loads(json.dumps(asdict(cfg))), samples_sha256(samples)
-    accelerator = Accelerator(mixed_precision=cfg.mixed_precision)
+    accelerator = make_accelerator(cfg.mixed_precision)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: lr_factor(t, cfg))
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)

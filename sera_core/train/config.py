@@ -64,7 +64,8 @@ class TrainConfig:
     engine_kv_cache_gib: float = 2.0
     """vllm on CPUs: GiB of KV cache each engine reserves."""
     engine_dtype: str = "auto"
-    """vllm: ``auto`` (float32 on CPUs, bfloat16 on GPUs), ``float32`` or ``bfloat16``."""
+    """vllm: ``auto`` (bfloat16 where the device runs it natively: GPUs, CPUs with AVX512_BF16
+    or AMX; else float32), ``float32`` or ``bfloat16``."""
     tasks: str = "train"
     """A generated split (``train``, ``val``, ``test``) or a JSONL task file."""
     difficulties: tuple[str, ...] | None = None
@@ -158,7 +159,9 @@ class TrainConfig:
     main process: ``none``, ``tensorboard`` (``out/tensorboard``; the ``[tracking]``
     extra) or ``wandb`` (installed and logged in by you)."""
     mixed_precision: str = "no"
-    """``no`` (float32; CPU) or ``bf16`` (GPU)."""
+    """``no`` (float32), ``bf16`` (bfloat16 autocast: GPUs) or ``auto`` (``bf16`` where the device
+    runs bfloat16 natively, :func:`~sera_core.utils.hardware.native_bf16`: on 2 CPU cores with
+    AVX512_BF16 the update's forward and backward run 3x faster; else ``no``)."""
     seed: int = 0
     """Base of every derived seed (tasks, rollouts)."""
     out: str = "runs/sera"
@@ -189,6 +192,14 @@ class TrainConfig:
         for old in sorted(set(changes) & set(RENAMED)):
             raise ConfigError(f"config key {old!r} was renamed {RENAMED[old][0]!r} ({RENAMED[old][1]})")
         return validate(dataclasses.replace(self, **changes))
+
+    def precision(self) -> str:
+        """``mixed_precision`` with ``auto`` resolved on this machine: ``no`` or ``bf16``."""
+        if self.mixed_precision != "auto":
+            return self.mixed_precision
+        from sera_core.utils.hardware import native_bf16
+
+        return "bf16" if native_bf16() else "no"
 
     def engine_settings(self):
         """The :class:`~sera_core.policy.vllm_backend.EngineConfig` of this config's vLLM
@@ -228,7 +239,7 @@ _CHOICES = {
     "env": ENVS, "backend": BACKENDS, "task_format": ("native", "official"), "child_reward": CHILD_REWARDS,
     "rubric_writer": ("policy", "global", "external"), "scorer": ("policy", "external"),
     "malformed_policy": tuple(p.value for p in MalformedPolicy),
-    "rubric_variant": RUBRIC_VARIANTS, "loss": LOSSES, "mixed_precision": ("no", "bf16"),
+    "rubric_variant": RUBRIC_VARIANTS, "loss": LOSSES, "mixed_precision": ("no", "bf16", "auto"),
     "log_with": ("none", "tensorboard", "wandb"), "judge": ("program", "llm"),
     "engine_dtype": ("auto", "float32", "bfloat16"),
 }

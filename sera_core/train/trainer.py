@@ -171,16 +171,21 @@ def checkpoint_model(path: str | os.PathLike):
     ``RUN``): the run's starting model (architecture, tokenizer) with the checkpoint's trained
     weights (an adapter's merged into its base), in eval mode, after :func:`read_checkpoint`'s
     checks."""
+    return _checkpoint(path)[1:]
+
+
+def _checkpoint(path: str | os.PathLike):
+    """``(starting model folder, model, tokenizer)`` of :func:`checkpoint_model`."""
     from sera_core.policy.models import load_model, merged
     from sera_core.utils.weights import load_trained
 
     path = Path(path)
     if not (path / "state.json").exists() and (path / "checkpoint" / "state.json").exists():
         path = path / "checkpoint"
-    state = read_checkpoint(path)
-    model, tokenizer = load_model(model_path(state["config"]["model"]), trainable=True)
+    start = model_path(read_checkpoint(path)["config"]["model"])
+    model, tokenizer = load_model(start, trainable=True)
     load_trained(model, path / "model.safetensors")
-    return merged(model).eval(), tokenizer
+    return start, merged(model).eval(), tokenizer
 
 
 def checkpoint_policy(path: str | os.PathLike):
@@ -189,6 +194,17 @@ def checkpoint_policy(path: str | os.PathLike):
     from sera_core.policy.hf import HFPolicy
 
     return HFPolicy.from_model(*checkpoint_model(path), own=True)
+
+
+def checkpoint_engine(path: str | os.PathLike):
+    """A :class:`~sera_core.policy.vllm_backend.VLLMPolicy` of a trained checkpoint: an engine
+    on the run's starting model with the checkpoint's weights (:func:`checkpoint_model`) pushed."""
+    from sera_core.policy.vllm_backend import VLLMPolicy
+
+    start, model, _ = _checkpoint(path)
+    policy = VLLMPolicy(start)
+    policy.load_weights(model.state_dict())
+    return policy
 
 
 def export_checkpoint(path: str | os.PathLike, out: str | os.PathLike) -> Path:
@@ -228,14 +244,13 @@ class Trainer:
     """Trains ``cfg``'s method (module docstring). ``run()`` does the updates."""
 
     def __init__(self, cfg: TrainConfig, *, progress: bool = True):
-        from accelerate import Accelerator
-
         from sera_core.policy.models import load_model
+        from sera_core.utils.hardware import accelerator
 
         self.cfg, self.progress = cfg, progress
         self.out = Path(cfg.out)
         self.stages = StageController(cfg.schedule)
-        self.accelerator = Accelerator(mixed_precision=cfg.mixed_precision, cpu=not torch.cuda.is_available(),
+        self.accelerator = accelerator(cfg.precision(), cpu=not torch.cuda.is_available(),
                                        log_with=None if cfg.log_with == "none" else cfg.log_with, project_dir=cfg.out)
         path = model_path(cfg)
         torch.manual_seed(derive_seed(cfg.seed, "init"))
@@ -603,7 +618,7 @@ def plan(cfg: TrainConfig) -> dict[str, Any]:
         "clip": [cfg.clip_low, cfg.clip_high] if cfg.loss == "cispo" else [1 - cfg.grpo_eps, 1 + cfg.grpo_eps],
         "context_tokens": context, "max_new_tokens": out_cap,
         "tokens_per_step_max": trees * context,
-        "devices": {"gpus": cfg.gpus, "accelerate_config": accel, "mixed_precision": cfg.mixed_precision},
+        "devices": {"gpus": cfg.gpus, "accelerate_config": accel, "mixed_precision": cfg.precision()},
         "memory": _memory(params, cfg),
         "out": cfg.out,
     }

@@ -115,10 +115,22 @@ def _tensors(rows: Sequence[TokenRow], pad_id: int, device: torch.device) -> dic
     }
 
 
-def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """``log pi_theta(x_{t+1} | x_{<=t})`` for every position, ``(batch, T - 1)``, in float32."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-    return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      positions: torch.Tensor | None = None) -> torch.Tensor:
+    """``log pi_theta(x_{t+1} | x_{<=t})`` for every position, ``(batch, T - 1)``, in float32.
+
+    ``positions`` (bool, ``(batch, T - 1)``): the positions needed; the output layer and the
+    softmax over the vocabulary then run only at the columns where some row needs one
+    (``logits_to_keep``, inside the model's forward, so wrappers such as DDP and FSDP see one
+    ordinary call), and every position not needed is 0. A rollout's prompt is most of its row and is
+    never trained: at 49,152 tokens of vocabulary this is a sixth of the update's time."""
+    if positions is None:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+        return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    keep = positions.any(0).nonzero().squeeze(-1)  # columns t whose logits predict token t + 1
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits.float()
+    kept = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, keep + 1, None]).squeeze(-1)
+    return torch.where(positions, kept.new_zeros(positions.shape).index_copy(1, keep, kept), 0.0)
 
 
 def rescored(model, rows: Sequence[TokenRow], *, pad_id: int, micro_batch_tokens: int = 16384) -> list[TokenRow]:
@@ -134,7 +146,7 @@ def rescored(model, rows: Sequence[TokenRow], *, pad_id: int, micro_batch_tokens
     with torch.no_grad():
         for group in micro_batches(rows, micro_batch_tokens):
             b = _tensors(group, pad_id, device)
-            logp = sequence_logprobs(model, b["input_ids"], b["attention_mask"]).cpu().tolist()
+            logp = sequence_logprobs(model, b["input_ids"], b["attention_mask"], b["trained"][:, 1:]).cpu().tolist()
             for row, lp in zip(group, logp, strict=True):
                 # position t of the row is predicted by logits at t - 1 (position 0 is never trained)
                 old = (0.0,) + tuple(lp[t - 1] if row.trained[t] else 0.0 for t in range(1, len(row.ids)))
@@ -177,8 +189,8 @@ def loss_and_backward(model, rows: Sequence[TokenRow], *, pad_id: int, total_tok
     sums = {"loss": 0.0, "clip_fraction_low": 0.0, "clip_fraction_high": 0.0, "ratio_mean": 0.0, "tokens": 0.0}
     for group in process_share(micro_batches(rows, micro_batch_tokens), part):
         b = _tensors(group, pad_id, device)
-        logp = sequence_logprobs(model, b["input_ids"], b["attention_mask"])
         mask, old, adv = b["trained"][:, 1:], b["old"][:, 1:], b["advantage"][:, 1:]
+        logp = sequence_logprobs(model, b["input_ids"], b["attention_mask"], mask)
         if loss == "grpo":
             total, stats = grpo_loss(logp, old, adv, mask, eps=grpo_eps)
         else:

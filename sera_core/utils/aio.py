@@ -20,3 +20,14 @@ def run_sync(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
         return asyncio.run(make())
     with ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(lambda: asyncio.run(make())).result()
+
+
+async def settle(count: Callable[[], int], rounds: int, limit: int | None = None) -> None:
+    """Yield to the event loop until ``count()`` has stayed the same for ``rounds``
+    consecutive yields (or reached ``limit``): every coroutine that is ready to submit work
+    (an agent whose turn just ended) has submitted it before a batch or engine step starts."""
+    seen, quiet = -1, 0
+    while quiet < rounds and (limit is None or count() < limit):
+        await asyncio.sleep(0)
+        quiet = quiet + 1 if count() == seen else 0
+        seen = count()

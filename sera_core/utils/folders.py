@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -18,6 +20,28 @@ def swap_in(tmp: Path, final: Path) -> None:
         os.replace(final, old)
     os.replace(tmp, final)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def write_once(out: Path, write: Callable[[Path], None], done: Callable[[Path], bool]) -> Path:
+    """The cached folder ``out``, written by ``write(tmp)`` into a temporary sibling folder
+    (one per process) and renamed into place, so a half-written ``out`` is never found;
+    ``done(folder)`` says whether a folder is complete. When another process finishes first,
+    its folder is kept and ours dropped; an incomplete ``out`` (an older format) is replaced."""
+    if done(out):
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent))
+    try:
+        write(tmp)
+        if not done(out):
+            shutil.rmtree(out, ignore_errors=True)
+            os.replace(tmp, out)
+    except OSError:  # another process renamed its folder into place first
+        if not done(out):
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
 
 
 def sha256_file(path: str | os.PathLike) -> str:
