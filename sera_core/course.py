@@ -3,7 +3,8 @@
 * :func:`pick_tasks`: task records of a benchmark's split by difficulty, family and count;
 * :func:`noisy_expert`: the scripted expert with seeded mistakes (failed branches to rank,
   rewards that differ between trees);
-* :func:`eval_row`: one row of an evaluation summary for a results table.
+* :func:`eval_row`: one row of an evaluation summary for a results table;
+* :func:`rollout_policy`: a run config's rollout policy on its starting model.
 """
 
 from __future__ import annotations
@@ -53,3 +54,22 @@ def eval_row(summary: dict[str, Any]) -> dict[str, Any]:
     the benchmark average and the errored rollouts."""
     row = {d: v["mean"] for d, v in summary["by_difficulty"].items()}
     return row | {"average": summary["average"]["mean"], "errors": summary["errors"]}
+
+
+def rollout_policy(cfg: Any, *, dtype: str | None = None) -> Any:
+    """The policy that plays ``cfg``'s rollouts, on the config's starting model: a vLLM engine
+    with the config's engine settings (``dtype`` overrides ``engine_dtype``: ``float32`` for
+    logprobs equal to a float32 trainer's within 1e-3) for ``backend: vllm``, else the ``hf``
+    backend."""
+    from dataclasses import replace
+
+    from sera_core.train.trainer import model_path
+
+    if cfg.backend == "vllm":
+        from sera_core.policy.vllm_backend import VLLMPolicy
+
+        engine = cfg.engine_settings()
+        return VLLMPolicy(model_path(cfg), replace(engine, dtype=dtype) if dtype else engine)
+    from sera_core.policy.hf import HFPolicy
+
+    return HFPolicy(model_path(cfg))

@@ -8,6 +8,7 @@ from sera_core.agents.runtime import Runtime, RuntimeConfig
 from sera_core.course import eval_row, noisy_expert, pick_tasks
 from sera_core.envs.textcraft.tasks import generate_split as craft_split
 from sera_core.envs.textworld.tasks import generate_split as world_split
+from sera_core.policy.base import SamplingParams
 
 
 def test_pick_tasks_filters_by_level_family_and_count():
@@ -39,3 +40,15 @@ def test_the_noisy_expert_makes_seeded_mistakes_on_both_benchmarks():
 def test_eval_row_reads_a_summary():
     summary = {"by_difficulty": {"easy": {"mean": 50.0}, "hard": {"mean": 0.0}}, "average": {"mean": 20.0}, "errors": 1}
     assert eval_row(summary) == {"easy": 50.0, "hard": 0.0, "average": 20.0, "errors": 1}
+
+
+def test_rollout_policy_follows_the_configs_backend():
+    """``backend: hf`` gives the transformers backend on the config's model (``backend:
+    vllm``, the tiny configs' default, is exercised by notebook 07 under nbval)."""
+    from sera_core.course import rollout_policy
+    from sera_core.policy.hf import HFPolicy
+    from sera_core.tiny.recipe import ASSETS
+    from sera_core.train.config import load_config
+
+    policy = rollout_policy(load_config("textcraft/sera_tiny.yaml", backend="hf", model=str(ASSETS)))
+    assert isinstance(policy, HFPolicy) and policy.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_new_tokens=2))

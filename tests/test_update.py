@@ -184,3 +184,21 @@ def test_logprobs_at_the_trained_positions_only_equal_the_full_computation(model
     assert grads[0].keys() == grads[1].keys() and grads[0]
     for k in grads[0]:
         assert torch.allclose(grads[0][k], grads[1][k], atol=1e-5, rtol=1e-4), k
+
+
+def test_logprob_by_sign_of_rescored_rows_equals_the_updates_own_measure(model_and_rows):
+    """``logprob_by_sign`` averages trained tokens by the sign of their advantage; on rows
+    rescored by the model it equals what ``loss_and_backward`` measured before its step."""
+    from sera_core.train.update import logprob_by_sign
+
+    model, spec = model_and_rows
+    rows = _rows(model, spec[:2], 1.0) + _rows(model, spec[2:], -1.0)
+    manual = [lp for r in rows[:2] for lp, t in zip(r.old_logprobs, r.trained, strict=True) if t]
+    assert logprob_by_sign(rows)["pos"] == pytest.approx(sum(manual) / len(manual))
+    assert logprob_by_sign(rows[:2])["neg"] is None
+    stats = loss_and_backward(model, rows, pad_id=0, total_tokens=sum(r.tokens for r in rows), micro_batch_tokens=20)
+    model.zero_grad(set_to_none=True)
+    scored = logprob_by_sign(rescored(model, rows, pad_id=0))
+    assert stats["logprob_pos_mean"] == pytest.approx(scored["pos"], abs=1e-5)
+    assert stats["logprob_neg_mean"] == pytest.approx(scored["neg"], abs=1e-5)
+    assert scored["pos"] == pytest.approx(logprob_by_sign(rows)["pos"], abs=1e-5)  # the rows' own model

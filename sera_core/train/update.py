@@ -154,6 +154,17 @@ def rescored(model, rows: Sequence[TokenRow], *, pad_id: int, micro_batch_tokens
     return out
 
 
+def logprob_by_sign(rows: Sequence[TokenRow]) -> dict[str, float | None]:
+    """The token means of ``rows``' ``old_logprobs`` over trained positions whose advantage
+    is positive (``pos``) and negative (``neg``), None where there are none: the policy that
+    sampled them, or, after :func:`rescored`, the model that rescored them."""
+    out = {}
+    for sign, keep in (("pos", lambda a: a > 0), ("neg", lambda a: a < 0)):
+        values = [lp for r in rows for lp, t, a in zip(r.old_logprobs, r.trained, r.advantage, strict=True) if t and keep(a)]
+        out[sign] = sum(values) / len(values) if values else None
+    return out
+
+
 def process_share(groups: Sequence[list[TokenRow]], part: tuple[int, int]) -> list[list[TokenRow]]:
     """Micro-batches ``i::P`` of ``groups`` for ``part=(i, P)``, padded to ``ceil(M / P)``
     with zero-weight copies of the first row (module docstring); ``[]`` when ``M = 0``."""
@@ -178,8 +189,10 @@ def loss_and_backward(model, rows: Sequence[TokenRow], *, pad_id: int, total_tok
     ``N_tokens`` of the whole update. ``backward``: how to back-propagate
     (``accelerator.backward``; default ``Tensor.backward``). ``part=(i, P)``: this
     process's share (module docstring). Returns this process's share of the loss, its
-    trained tokens and the sums of its clip statistics over tokens (``*_sum``: add them
-    over processes, divide by the tokens) and their token-weighted means."""
+    trained tokens, the sums of its clip statistics over tokens (``*_sum``: add them
+    over processes, divide by the tokens) and their token-weighted means, and the mean
+    ``log pi_theta`` (before this step) of its trained tokens with a positive and with a
+    negative advantage (``logprob_pos_mean``, ``logprob_neg_mean``; None without such tokens)."""
     device = next(model.parameters()).device
     backward = backward or (lambda t: t.backward())
     bounds = cispo or CISPOConfig()
@@ -187,6 +200,7 @@ def loss_and_backward(model, rows: Sequence[TokenRow], *, pad_id: int, total_tok
     # update's N_tokens for ``token_mean`` (the paper's), left as it is for ``sum``
     scale = 1.0 / max(total_tokens, 1) if loss == "grpo" or bounds.reduction == "token_mean" else 1.0
     sums = {"loss": 0.0, "clip_fraction_low": 0.0, "clip_fraction_high": 0.0, "ratio_mean": 0.0, "tokens": 0.0}
+    by_sign = {"pos": [0.0, 0], "neg": [0.0, 0]}  # log pi_theta sum and count of trained tokens by sign of A
     for group in process_share(micro_batches(rows, micro_batch_tokens), part):
         b = _tensors(group, pad_id, device)
         mask, old, adv = b["trained"][:, 1:], b["old"][:, 1:], b["advantage"][:, 1:]
@@ -196,6 +210,9 @@ def loss_and_backward(model, rows: Sequence[TokenRow], *, pad_id: int, total_tok
         else:
             total, stats = cispo_loss(logp, old, adv, mask, cfg=CISPOConfig(bounds.clip_low, bounds.clip_high, "sum"))
         backward(total * (scale * part[1]))  # x P: the processes' gradients are averaged
+        for sign, where in (("pos", mask & (adv > 0)), ("neg", mask & (adv < 0))):
+            by_sign[sign][0] += float(logp.detach()[where].sum())
+            by_sign[sign][1] += int(where.sum())
         sums["loss"] += float(total.detach()) * scale
         for key in ("clip_fraction_low", "clip_fraction_high", "ratio_mean"):
             sums[key] += stats[key] * stats["tokens"]
@@ -203,4 +220,5 @@ def loss_and_backward(model, rows: Sequence[TokenRow], *, pad_id: int, total_tok
     n = sums["tokens"]
     keys = ("clip_fraction_low", "clip_fraction_high", "ratio_mean")
     return {"loss": sums["loss"], "tokens": n, **{f"{k}_sum": sums[k] for k in keys},
-            **{k: (sums[k] / n if n else 0.0) for k in keys}}
+            **{k: (sums[k] / n if n else 0.0) for k in keys},
+            **{f"logprob_{sign}_mean": (lp_sum / count if count else None) for sign, (lp_sum, count) in by_sign.items()}}
