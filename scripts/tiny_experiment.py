@@ -218,7 +218,7 @@ def collect(args, points, tasks, run_missing: bool) -> dict:
             if not run_missing and not (run / f"measure_seed{seed}.json").exists():
                 continue
             train(arm, seed, args)
-            row = measure(f"hf:{run}", f"{arm}_seed{seed}", seed, points, tasks, args, arm)
+            row = measure(f"vllm:{run}", f"{arm}_seed{seed}", seed, points, tasks, args, arm)  # the engine of "tiny"
             results[arm].append(row | training_stats(run))
     return results
 
