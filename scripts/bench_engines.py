@@ -47,17 +47,15 @@ def tail_share(log: list[tuple[int, float]]) -> float:
 def measure(backend: str, new: int, n_tasks: int, precision: str) -> dict:
     import torch
 
-    from sera_core.agents.actors import make_actor
+    from sera_core.agents.actors import PolicyActor, make_actor
     from sera_core.agents.prompts import agent_messages
     from sera_core.agents.runtime import Runtime
     from sera_core.envs.textcraft.tasks import generate_split
     from sera_core.policy.base import SamplingParams
-    from sera_core.train.config import load_config
-    from sera_core.train.trainer import Trainer
-
-    from sera_core.agents.actors import PolicyActor
     from sera_core.policy.models import EMBEDDED
     from sera_core.policy.vllm_backend import EngineConfig, VLLMPolicy
+    from sera_core.train.config import load_config
+    from sera_core.train.trainer import Trainer
 
     label = backend if precision == "auto" else f"{backend}-{precision}"
     row: dict = {"backend": label, "threads": torch.get_num_threads()}
@@ -117,8 +115,8 @@ def measure_lora(new: int) -> dict:
     from sera_core.policy.base import SamplingParams
     from sera_core.policy.models import EMBEDDED, adapter_base, load_model, merge_lora_state
     from sera_core.policy.vllm_backend import EngineConfig, VLLMPolicy, engine_kwargs
-    from sera_core.utils.weights import full_weights
     from sera_core.utils.hardware import native_bf16
+    from sera_core.utils.weights import full_weights
 
     row: dict = {"backend": "vllm-lora", "threads": torch.get_num_threads()}
     model, _ = load_model(EMBEDDED, trainable=True)

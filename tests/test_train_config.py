@@ -196,9 +196,9 @@ def test_the_training_pool_filters_by_difficulty_and_the_plan_shows_it():
 
 
 def test_one_process_may_train_at_one_precision_then_another():
-    """Accelerate refuses a second precision in a process; ``accelerator`` lets a notebook or a
+    """Accelerate refuses a second precision in a process; ``make_accelerator`` lets a notebook or a
     test run a float32 trainer after a bfloat16 one (``mixed_precision: auto`` next to ``no``)."""
-    from sera_core.utils.hardware import accelerator
+    from sera_core.utils.hardware import make_accelerator
 
     for precision in ("no", "bf16", "no"):
-        assert accelerator(precision, cpu=True).mixed_precision == precision
+        assert make_accelerator(precision, cpu=True).mixed_precision == precision

@@ -249,20 +249,20 @@ class VLLMPolicy:
             self._step()
         return [j.result for j in jobs]  # type: ignore[misc]
 
-    async def agenerate(self, prompt: list[int], params: SamplingParams, settle: int = 3) -> Generation:
+    async def agenerate(self, prompt: list[int], params: SamplingParams, settle_rounds: int = 3) -> Generation:
         """One completion, batched continuously with every other open request (module docstring)."""
         if not prompt:
             raise ValueError("every prompt needs at least one token")
         job = _Job(list(prompt), params, future=asyncio.get_running_loop().create_future())
         self._submit(job)
         if self._driver is None:
-            self._driver = asyncio.ensure_future(self._drive(settle))
+            self._driver = asyncio.ensure_future(self._drive(settle_rounds))
         return await job.future
 
-    async def _drive(self, rounds: int) -> None:
+    async def _drive(self, settle_rounds: int) -> None:
         try:
             while self._open:
-                await settle(lambda: len(self._open), rounds)  # every agent whose turn just ended submits its next
+                await settle(lambda: len(self._open), settle_rounds)  # every agent whose turn just ended submits its next
                 self._step()
         except Exception as exc:  # noqa: BLE001 - hand the failure to every waiting caller
             for job in self._open.values():

@@ -61,7 +61,7 @@ import torch.utils.checkpoint
 from tqdm.auto import tqdm
 
 from sera_core.utils.folders import swap_in
-from sera_core.utils.hardware import accelerator as make_accelerator
+from sera_core.utils.hardware import make_accelerator
 from sera_core.utils.weights import load_optimizer_state, load_trained, optimizer_state, save_trained
 from sera_core.utils.seeding import derive_seed
 

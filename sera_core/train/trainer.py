@@ -245,12 +245,12 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, *, progress: bool = True):
         from sera_core.policy.models import load_model
-        from sera_core.utils.hardware import accelerator
+        from sera_core.utils.hardware import make_accelerator
 
         self.cfg, self.progress = cfg, progress
         self.out = Path(cfg.out)
         self.stages = StageController(cfg.schedule)
-        self.accelerator = accelerator(cfg.precision(), cpu=not torch.cuda.is_available(),
+        self.accelerator = make_accelerator(cfg.precision(), cpu=not torch.cuda.is_available(),
                                        log_with=None if cfg.log_with == "none" else cfg.log_with, project_dir=cfg.out)
         path = model_path(cfg)
         torch.manual_seed(derive_seed(cfg.seed, "init"))

@@ -34,7 +34,7 @@ def native_bf16(*, cuda: bool | None = None, flags: str | None = None) -> bool:
     return bool(flags) and (" avx512_bf16 " in f" {flags} " or " amx_bf16 " in f" {flags} ")
 
 
-def accelerator(precision: str, **kwargs):
+def make_accelerator(precision: str, **kwargs):
     """An ``accelerate.Accelerator`` with mixed precision ``precision`` (``no`` or ``bf16``).
     Accelerate keeps the first precision a process asked for and refuses another; one process
     that trains twice at different precisions (a notebook, the tests: ``mixed_precision:
