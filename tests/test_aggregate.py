@@ -15,6 +15,7 @@ from sera_core.eval.aggregate import (
     benchmark_average,
     macro_average,
     over_seeds,
+    paired_change,
     success_rates,
     summarize_runs,
     weighted_average,
@@ -142,3 +143,20 @@ def test_summarize_runs_requires_the_same_tasks_in_every_seed():
         summarize_runs({0: rows({"easy": (2, 1)}), 1: rows({"easy": (3, 1)})}, "textcraft")
     with pytest.raises(ValueError, match="env"):
         summarize_runs({0: rows({"easy": (2, 1)})}, "webshop")
+
+
+def test_paired_change_counts_the_same_tasks_and_its_interval_by_hand():
+    """Six tasks: before solves 1, 2, 3; after solves 2, 3, 4, 5 (one lost, two gained), one
+    after-row errored (a failure whatever it says)."""
+    before = [{"task_id": f"t{i}", "success": i in (1, 2, 3), "error": None} for i in range(6)]
+    after = [{"task_id": f"t{i}", "success": i in (2, 3, 4, 5, 0), "error": "boom" if i == 0 else None} for i in range(6)]
+    out = paired_change(before, reversed(after))  # order does not matter: tasks are paired by id
+    assert (out["tasks"], out["gained"], out["lost"]) == (6, 2, 1)
+    assert out["before"]["rate"] == 0.5 and out["after"]["rate"] == pytest.approx(4 / 6)
+    assert out["before"]["ci"] == pytest.approx(1.96 * math.sqrt(0.25 / 6))
+    diffs = [0, -1, 0, 0, 1, 1]
+    mean = sum(diffs) / 6
+    sd = math.sqrt(sum((x - mean) ** 2 for x in diffs) / 5)
+    assert out["difference"]["rate"] == pytest.approx(1 / 6) and out["difference"]["ci"] == pytest.approx(1.96 * sd / math.sqrt(6))
+    with pytest.raises(ValueError, match="same tasks"):
+        paired_change(before, after[:5])

@@ -122,6 +122,19 @@ def test_seeds_repeat_and_differ_as_documented(engine, hf):
     assert len({tuple(g.token_ids) for g in first[1:]}) == 3  # seeds 1, 2, 3 sample differently
 
 
+def test_seeded_prompts_longer_than_a_step_together_are_prefilled_whole(engine, hf):
+    """vLLM 0.32's CPU runner crashed ("CPU Generator does not use offset") when a seeded
+    request's prompt was prefilled in parts; the engine prefills each prompt in one step
+    (``engine_kwargs``), so six seeded 1,800-token prompts at once (10,800 tokens, more than
+    one step's budget of ``max_model_len`` = 8,192) sample, and repeat with the same seeds."""
+    body = hf.tokenizer.encode(" The crafting table holds" + " planks and sticks," * 400)
+    prompts = [(hf.tokenizer.encode(f"Inventory {i}:") + body)[:1800] for i in range(6)]  # no shared prefix to cache
+    params = [SamplingParams(temperature=1.0, max_new_tokens=8, seed=10 + i) for i in range(6)]
+    first = engine.generate(prompts, params)
+    assert all(1 <= len(g.token_ids) <= 8 for g in first)
+    assert [g.token_ids for g in engine.generate(prompts, params)] == [g.token_ids for g in first]
+
+
 def test_continuous_batching_lets_a_late_request_join_and_gives_the_batch_tokens(engine, hf):
     """Requests submitted 5 engine steps apart: the late one joins the running batch (steps
     with both open), and every completion equals the batch-at-once greedy result."""
@@ -194,6 +207,8 @@ def test_engine_arguments_bound_memory_and_pin_one_engine_per_process(tmp_path):
     assert gpu["dtype"] == "bfloat16" and not gpu["enforce_eager"] and gpu["enable_prefix_caching"]
     cpu = engine_kwargs(tmp_path, cfg, cuda=False, distributed=False, max_model_len=8192, bf16=False)
     assert cpu["kv_cache_memory_bytes"] == 1 << 29 and cpu["dtype"] == "float32" and cpu["enforce_eager"]
+    assert cpu["enable_chunked_prefill"] is False and cpu["max_num_batched_tokens"] == 8192  # a prompt prefilled whole
+    assert "enable_chunked_prefill" not in gpu
     # auto precision follows the hardware: bfloat16 on a CPU that runs it natively; a set dtype wins
     assert engine_kwargs(tmp_path, cfg, cuda=False, distributed=False, max_model_len=8192, bf16=True)["dtype"] == "bfloat16"
     f32 = EngineConfig(dtype="float32")

@@ -101,6 +101,11 @@ class DelegationPoint:
     rubric_call: dict = field(default_factory=dict)
     """The rubric-writing call: its ``prompt`` text and the ``info`` the expert writer reads,
     so the rubric can be written again by another policy (:meth:`~sera_core.agents.runtime.Runtime.rescore`)."""
+    rewritten: Turn | None = None
+    """After :meth:`~sera_core.agents.runtime.Runtime.rescore`: the policy's call that wrote
+    :attr:`rubric` again (its tokens and logprobs: what the rubric stage on fixed branches
+    trains, :mod:`sera_core.train.rubric_stage`). None in a rollout's point, whose rubric
+    call is the parent's turn :attr:`rubric_turn`; serialised only when set."""
 
     @property
     def labels(self) -> list[bool | None]:
@@ -119,7 +124,8 @@ class DelegationPoint:
                 "launch_step": self.launch_step, "parent_prefix": self.parent_prefix, "subtask": self.subtask,
                 "rubric": self.rubric, "rubric_error": self.rubric_error, "rubric_turn": self.rubric_turn,
                 "state_before": self.state_before, "branches": [b.to_json() for b in self.branches],
-                "labels": self.labels, "scores": self.scores, "ranking": ranking, "rubric_call": self.rubric_call}
+                "labels": self.labels, "scores": self.scores, "ranking": ranking, "rubric_call": self.rubric_call} \
+            | ({"rewritten": self.rewritten.to_json()} if self.rewritten is not None else {})
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DelegationPoint:
@@ -131,4 +137,5 @@ class DelegationPoint:
                    data["rubric_error"], data["rubric_turn"], data["state_before"],
                    [Branch.from_json(b) for b in data["branches"]],
                    None if ranking is None else RankingResult(**{k: v for k, v in ranking.items() if k != "reward"}),
-                   data.get("rubric_call", {}))
+                   data.get("rubric_call", {}),
+                   Turn.from_json(data["rewritten"]) if data.get("rewritten") is not None else None)

@@ -354,7 +354,8 @@ class Runtime:
         ``rubric_temperature``; seed ``derive_seed(seed, "rescore", tree_id, child_id)``),
         every branch is scored against it exactly as the runtime scores a child (a branch that
         did not finish, or finished with no report, gets a forced zero without a call), and
-        the ranking loss is recomputed. A fixed set of points scored by two policies measures
+        the ranking loss is recomputed; the new rubric call's turn is ``rewritten`` (None for
+        the external writer). A fixed set of points scored by two policies measures
         their rubric writing and scoring alone, on the same branches (the tiny experiment's
         held-out points). Points written before the calls were stored cannot be rescored."""
         if (self.cfg.rubric_writer != "global" and not point.rubric_call) \
@@ -362,10 +363,10 @@ class Runtime:
             raise ValueError(f"delegation point {point.tree_id}/{point.child_id} holds no rubric call or score "
                              "inputs (written by an older version): it cannot be rescored")
         key = f"rescore/{point.tree_id}/{point.child_id}"
-        rubric, rubric_error = GLOBAL_RUBRIC, None
+        rubric, rubric_error, rewritten = GLOBAL_RUBRIC, None, None
         if self.cfg.rubric_writer != "global":
             seed = derive_seed(self.cfg.seed, "rescore", point.tree_id, point.child_id)
-            text, _, _ = await self._ask_rubric(point.rubric_call, seed, key, point.child_id)
+            text, rewritten, _ = await self._ask_rubric(point.rubric_call, seed, key, point.child_id)
             parsed = parse_rubric(text)
             rubric, rubric_error = parsed.value, parsed.error  # value None exactly when error is set
         scored = await asyncio.gather(*(
@@ -377,7 +378,7 @@ class Runtime:
             score, error = branch_score(result)
             branches.append(replace(b, score=score, score_error=error, score_turn=turn))
         out = replace(point, rubric=rubric.to_json() if rubric is not None else None, rubric_error=rubric_error,
-                      rubric_turn=None, branches=branches)
+                      rubric_turn=None, branches=branches, rewritten=rewritten)
         out.ranking = ranking_loss(out.scores, out.labels)
         return out
 

@@ -199,3 +199,31 @@ def _spread(runs: list[dict[str, Any]], field: str) -> dict[str, dict[str, float
     """:func:`over_seeds` of each group of ``run[field]`` (all seeds hold the same groups,
     since they cover the same tasks)."""
     return {g: over_seeds(run[field][g] for run in runs) for g in runs[0][field]}
+
+
+def paired_change(before: Iterable[Mapping[str, Any]], after: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Root success of two models on the same tasks (per-task rows of one seed each), with
+    95% intervals: each rate ``p = mean_i y_i`` (``y_i`` in {0, 1}) with the normal
+    approximation ``1.96 * sqrt(p (1 - p) / n)``, and the paired difference
+    ``d = mean_i (y_i^after - y_i^before)`` with ``1.96 * std_i(d_i) / sqrt(n)`` (sample std),
+    which is narrower than two separate intervals when the models fail the same tasks.
+    Also how many tasks each model alone solved (``gained``, ``lost``). Rates in [0, 1].
+
+    Raises ``ValueError`` when the two sets of tasks differ."""
+    b = {row["task_id"]: float(succeeded(row)) for row in before}
+    a = {row["task_id"]: float(succeeded(row)) for row in after}
+    if set(a) != set(b) or not a:
+        raise ValueError(f"paired_change needs the same tasks on both sides ({len(b)} before, {len(a)} after, "
+                         f"{len(set(a) ^ set(b))} not shared)")
+    n = len(a)
+    diffs = [a[t] - b[t] for t in sorted(a)]
+    d = sum(diffs) / n
+    sd = math.sqrt(sum((x - d) ** 2 for x in diffs) / (n - 1)) if n > 1 else 0.0
+
+    def rate(values: Iterable[float]) -> dict[str, float]:
+        p = sum(values) / n
+        return {"rate": p, "ci": 1.96 * math.sqrt(p * (1 - p) / n)}
+
+    return {"tasks": n, "before": rate(b.values()), "after": rate(a.values()),
+            "difference": {"rate": d, "ci": 1.96 * sd / math.sqrt(n)},
+            "gained": sum(x > 0 for x in diffs), "lost": sum(x < 0 for x in diffs)}

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sera_core.agents.tree import Tree
+from sera_core.agents.tree import Tree, Turn
 from sera_core.train.advantages import Advantage
 from sera_core.train.cispo import CISPOConfig, cispo_loss, grpo_loss
 
@@ -65,23 +65,31 @@ def token_rows(trees: Mapping[str, Tree], advantages: Sequence[Advantage]) -> li
         d = a.datum
         node = trees[d.tree_id].nodes[d.node_id]
         turns = [t for t in node.turns if t.kind == "act"] if d.turn is None else [node.turns[d.turn]]
-        ids: list[int] = []
-        trained: list[bool] = []
-        old: list[float] = []
-        for turn in turns:
-            mask = turn.mask(d.role)
-            if not any(mask):
-                continue
-            full = turn.prompt_ids + turn.completion_ids
-            if ids and full[:len(ids)] != ids:  # the context was not extended: start a new row
-                rows.append(_row(ids, trained, old, a.value))
-                ids, trained, old = [], [], []
-            prompt_tail = len(turn.prompt_ids) - len(ids)
-            ids = list(full)
-            trained += [False] * prompt_tail + list(mask)
-            old += [0.0] * prompt_tail + [lp if m else 0.0 for lp, m in zip(turn.logprobs, mask, strict=True)]
-        if ids:
-            rows.append(_row(ids, trained, old, a.value))
+        rows += turn_rows(turns, d.role, a.value)
+    return rows
+
+
+def turn_rows(turns: Sequence[Turn], role: str, value: float) -> list[TokenRow]:
+    """The rows that train the ``role`` tokens of ``turns`` with advantage ``value``: turns
+    whose context extends the previous turn's context and completion share one row."""
+    rows: list[TokenRow] = []
+    ids: list[int] = []
+    trained: list[bool] = []
+    old: list[float] = []
+    for turn in turns:
+        mask = turn.mask(role)
+        if not any(mask):
+            continue
+        full = turn.prompt_ids + turn.completion_ids
+        if ids and full[:len(ids)] != ids:  # the context was not extended: start a new row
+            rows.append(_row(ids, trained, old, value))
+            ids, trained, old = [], [], []
+        prompt_tail = len(turn.prompt_ids) - len(ids)
+        ids = list(full)
+        trained += [False] * prompt_tail + list(mask)
+        old += [0.0] * prompt_tail + [lp if m else 0.0 for lp, m in zip(turn.logprobs, mask, strict=True)]
+    if ids:
+        rows.append(_row(ids, trained, old, value))
     return rows
 
 

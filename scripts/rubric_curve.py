@@ -1,0 +1,157 @@
+"""Curve 1 of the tiny experiment: the rubric stage on fixed branches, arms x seeds (not a test).
+
+Each (arm, seed) is one :class:`~sera_core.train.rubric_stage.RubricStage` run from the
+shipped embedded policy (SmolLM2-135M-Instruct + its LoRA warm start) in ``OUT/<arm>_seed<s>``:
+the noisy expert's mixed counterfactual groups on medium *train*-world tasks are the training
+points, the policy writes each rubric and scores the 8 branches, and the held-out points (the
+34 mixed groups of the last 24 medium *val* tasks) are measured before, during and after.
+Arms (:data:`~sera_core.train.rubric_stage.ARMS`): ``rubric`` trains the rubric writer only
+(SERA's rubric stage as specified), ``rubric_scorer`` also the scoring calls (the workbook's
+extension; the module docstring says why).
+
+Every run resumes from its last update and measurement, so the script can be killed and
+started again at any point; ``--report`` only writes ``OUT/table.md``, ``OUT/results.json``
+and ``OUT/rubric_curve.png`` (``--figures DIR`` copies the figure there) from what is done.
+Means ± 95% intervals over seeds (``1.96 * std / sqrt(n)``).
+
+``nohup .venv/bin/python scripts/rubric_curve.py --out runs/rubric_curve > runs/rubric_curve.log 2>&1 &``
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from statistics import fmean
+
+LABELS = {"rubric": "rubric writer trained (SERA's RT)", "rubric_scorer": "writer + scorer trained (extension)"}
+
+
+def read_csv(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def number(value: str) -> float | None:
+    return float(value) if value not in ("", None) else None
+
+
+def collect(out: Path, arms: list[str], seeds: list[int], updates: int) -> dict:
+    """Per arm, the finished runs' held-out rows (start and end) and update rows."""
+    results: dict[str, list[dict]] = {}
+    for arm in arms:
+        for seed in seeds:
+            run = out / f"{arm}_seed{seed}"
+            held = read_csv(run / "heldout.csv")
+            ups = read_csv(run / "updates.csv")
+            if not held or int(held[-1]["version"]) != updates:
+                continue
+            results.setdefault(arm, []).append({
+                "seed": seed, "heldout": [{k: number(v) for k, v in r.items()} for r in held],
+                "updates": [{k: number(v) for k, v in r.items()} for r in ups],
+                "seconds": sum(number(r["seconds"]) or 0 for r in ups) + sum(number(r["seconds"]) or 0 for r in held[1:])})
+    return results
+
+
+def interval(values: list[float]) -> str:
+    from sera_core.eval.points import mean_interval
+
+    mean, half = mean_interval([v for v in values if v is not None])
+    if mean is None:
+        return "-"
+    return f"{mean:.3f}" if half is None else f"{mean:.3f} ± {half:.3f}"
+
+
+def report(results: dict) -> str:
+    lines = ["| arm | seeds | held-out pairwise accuracy: start | end | ranking loss: start | end | score validity (end) "
+             "| tokens trained per update (rubric / score) | minutes per run |", "|---|---|---|---|---|---|---|---|---|"]
+    for arm, runs in results.items():
+        start = [r["heldout"][0] for r in runs]
+        end = [r["heldout"][-1] for r in runs]
+        tokens = " / ".join(f"{fmean(u[k] for r in runs for u in r['updates']):,.0f}" for k in ("tokens_rubric", "tokens_score"))
+        lines.append(f"| {LABELS[arm]} | {len(runs)} | {interval([h['pairwise_accuracy'] for h in start])} | "
+                     f"{interval([h['pairwise_accuracy'] for h in end])} | {interval([h['ranking_loss'] for h in start])} | "
+                     f"{interval([h['ranking_loss'] for h in end])} | {interval([h['score_validity'] for h in end])} | "
+                     f"{tokens} | {fmean(r['seconds'] for r in runs) / 60:.0f} |")
+    return "\n".join(lines)
+
+
+def figure(results: dict, path: Path) -> None:
+    """Held-out pairwise accuracy against updates (each seed thin, the mean thick) and the
+    training points' pairwise accuracy per update (mean over seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    for k, (arm, runs) in enumerate(results.items()):
+        for r in runs:
+            axes[0].plot([h["version"] for h in r["heldout"]], [h["pairwise_accuracy"] for h in r["heldout"]],
+                         color=f"C{k}", alpha=0.3, lw=1)
+        versions = [h["version"] for h in runs[0]["heldout"]]
+        axes[0].plot(versions, [fmean(r["heldout"][i]["pairwise_accuracy"] for r in runs) for i in range(len(versions))],
+                     color=f"C{k}", lw=2.5, marker="o", label=LABELS[arm])
+        n = min(len(r["updates"]) for r in runs)
+        axes[1].plot(range(n), [fmean(r["updates"][i]["pairwise_accuracy"] for r in runs) for i in range(n)],
+                     color=f"C{k}", marker=".", label=LABELS[arm])
+    axes[0].axhline(0.5, color="grey", ls=":", lw=1)
+    axes[0].axhline(0.7, color="grey", ls="--", lw=1)
+    axes[0].set(title="held-out points (val world, temperature 0)", xlabel="update", ylabel="pairwise accuracy", ylim=(0.3, 1.0))
+    axes[1].set(title="training points (sampled calls)", xlabel="update", ylabel="pairwise accuracy", ylim=(0.3, 1.0))
+    for ax in axes:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    from sera_core.train.rubric_stage import ARMS, RubricStage, RubricStageConfig
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--arms", nargs="+", default=["rubric_scorer"], choices=ARMS)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--updates", type=int, default=6)
+    parser.add_argument("--points-per-update", type=int, default=4)
+    parser.add_argument("--eval-every", type=int, default=6, help="measure the held-out points every this many updates")
+    parser.add_argument("--score-calls", type=int, default=4, help="scoring calls trained per point (rubric_scorer)")
+    parser.add_argument("--lr", type=float, default=None, help="learning rate (default: the config's)")
+    parser.add_argument("--out", default="runs/rubric_curve")
+    parser.add_argument("--report", action="store_true", help="only write the table and figure from what is done")
+    parser.add_argument("--figures", default=None, help="also copy the figure into this folder (e.g. figures)")
+    parser.add_argument("--one", nargs=2, metavar=("ARM", "SEED"), help=argparse.SUPPRESS)  # one run, in a child process
+    args = parser.parse_args()
+    out = Path(args.out)
+    if args.one:
+        arm, seed = args.one[0], int(args.one[1])
+        cfg = RubricStageConfig(arm=arm, seed=seed, updates=args.updates, points_per_update=args.points_per_update,
+                                eval_every=args.eval_every, score_calls=args.score_calls, lr=args.lr, points_dir=str(out), out=str(out / f"{arm}_seed{seed}"))
+        RubricStage(cfg).run()
+        return
+    if not args.report:
+        for arm in args.arms:
+            for seed in args.seeds:  # each run in its own process: its engine's memory goes with it
+                print(f"[{time.strftime('%H:%M:%S')}] {arm} seed {seed}", flush=True)
+                subprocess.run([sys.executable, __file__, *sys.argv[1:], "--one", arm, str(seed)], check=True)
+    results = collect(out, args.arms, args.seeds, args.updates)
+    table = report(results)
+    (out / "table.md").write_text(table + "\n")
+    (out / "results.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1) + "\n")
+    if results:
+        figure(results, out / "rubric_curve.png")
+        if args.figures:
+            shutil.copy(out / "rubric_curve.png", Path(args.figures) / "rubric_curve.png")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,342 @@
+"""The rubric stage on fixed branches: curve 1 of the tiny experiment (README "Learning curves").
+
+SERA's rubric-generation stage trains the rubric writer by how well the rubric lets the
+scorer rank the B counterfactual branches of a delegation point (SPEC 3). In a full run the
+branches are the policy's own; a 135M policy's branches mostly fail together (a group of one
+outcome carries no ranking signal), so this stage is isolated here: **the branches are played
+by the noisy expert** (:func:`sera_core.eval.points.heldout_points`: seeded mistakes, only
+the *mixed* groups kept) and only the rubric and the scores are the policy's. That is the
+whole difference from the trainer's rubric stage; the reward, the baseline and the update are
+the same functions.
+
+Per update ``v`` (a :class:`~sera_core.train.trainer.Trainer` with schedule
+``rubric_generation:1`` supplies model, optimizer, engine, checkpoints):
+
+1. draw ``points_per_update`` points from the training pool (mixed groups of the noisy
+   expert's rollouts of the first ``pool_tasks`` medium *train*-world tasks) with
+   ``random.Random(derive_seed(seed, "points", v))``;
+2. the policy writes each point's rubric again (temperature ``rubric_temperature``) and
+   scores its 8 stored branches (temperature ``score_temperature``),
+   :meth:`~sera_core.agents.runtime.Runtime.rescore`, runtime seed
+   ``derive_seed(seed, "rescore", v)``;
+3. rubric datums, SERA's ranking reward (:mod:`sera_core.rewards.rubric_ranking`,
+   :func:`~sera_core.train.advantages.rubric_advantages`)::
+
+       r_g = -L_rank(g) = -mean_{(p, n)} max(0, 0.2 - s_p + s_n),   A_g = r_g - mean_{g' != g} r_g'
+
+4. with ``train_scorer`` (the workbook's extension, off in SERA: SPEC 3 keeps scoring calls
+   out of the optimizer) each scoring call is trained on its share of the same hinge terms::
+
+       r_b = -mean_{pairs (p, n) holding b} max(0, 0.2 - s_p + s_n),   A_b = r_b - mean_{b' != b} r_b'
+
+   over the branches of one point that were scored (a branch the runtime forced to 0 has no
+   call; a malformed score leaves the ranking, as in :func:`~sera_core.rubrics.ranking_loss`,
+   and its call gets no datum); a point whose ``r_b`` are all equal gives none;
+5. one CISPO step over those tokens (:func:`~sera_core.train.update.loss_and_backward`).
+
+Why the extension exists (our decision, measured): the shipped adapter's scorer answers 1.0
+for every branch at temperature 0, so every rubric it could write earns the same ``-L_rank =
+-0.2`` and the writer alone has no gradient (every group drops out as zero-variance). At
+temperature 1 its scores vary, and ``r_b`` rewards the calls that put failures below
+successes. The ``rubric`` arm trains the writer only, SERA as specified.
+
+Before training and every ``eval_every`` updates the policy rescores the **held-out points**
+(the 34 mixed groups of the last 24 medium *val* tasks, :func:`~sera_core.tiny.measure.points_tasks`)
+with both calls at temperature 0: pairwise accuracy, ranking loss (95% intervals over points)
+and validity (:func:`~sera_core.eval.points.point_metrics`), one row of ``heldout.csv`` per
+measurement. Each update writes a row of ``updates.csv``; a checkpoint follows every update,
+so a killed run resumes at its last update and measurement with nothing repeated or lost.
+"""
+
+from __future__ import annotations
+
+import csv
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from sera_core.agents.points import DelegationPoint
+from sera_core.rewards import Datum
+from sera_core.rubrics import RANKING_MARGIN
+from sera_core.train.advantages import Advantage, rubric_advantages
+from sera_core.train.trainer import Trainer
+from sera_core.train.update import TokenRow, turn_rows
+from sera_core.utils.seeding import derive_seed
+
+ARMS = ("rubric", "rubric_scorer")
+"""``rubric``: SERA's rubric stage (the writer trained); ``rubric_scorer``: the writer and the
+scoring calls trained (module docstring, step 4)."""
+
+UPDATE_COLUMNS = ("version", "points", "mixed", "pairwise_accuracy", "ranking_loss", "rubric_validity",
+                  "score_validity", "datums_rubric", "datums_score", "tokens_rubric", "tokens_score", "loss",
+                  "grad_norm", "seconds_generation", "seconds_update", "seconds")
+HELDOUT_COLUMNS = ("version", "points", "mixed", "pairwise_accuracy", "pairwise_accuracy_ci", "ranking_loss",
+                   "ranking_loss_ci", "rubric_validity", "score_validity", "seconds")
+
+
+@dataclass(frozen=True)
+class RubricStageConfig:
+    """One run of the rubric stage on fixed branches."""
+
+    arm: str = "rubric_scorer"
+    """What is trained: one of :data:`ARMS`."""
+    seed: int = 0
+    """Seeds the point draws, the sampled calls and the LoRA dropout (every draw derives from it)."""
+    updates: int = 10
+    """Optimizer updates."""
+    points_per_update: int = 8
+    """Delegation points drawn per update (each: 1 rubric call and up to 8 scoring calls)."""
+    pool_tasks: int = 48
+    """Medium train-world tasks whose noisy-expert mixed groups are the training pool."""
+    heldout_tasks: int = 24
+    """Last medium val tasks whose mixed groups are the held-out points (24: 34 points)."""
+    eval_every: int = 5
+    """Measure the held-out points before training and after every this many updates (and at the end)."""
+    heldout_limit: int | None = None
+    """Measure only the first this many held-out points (None: all; 0: no measurement, the
+    notebook's smoke setting, which reads the trained calls' log-probabilities instead)."""
+    rubric_temperature: float = 1.0
+    """Sampling temperature of the rubric calls in training (held-out: 0)."""
+    score_temperature: float = 1.0
+    """Sampling temperature of the scoring calls in training (held-out: 0, the official setting)."""
+    score_calls: int = 4
+    """Scoring calls trained per point (``rubric_scorer``): a seeded draw among those with a
+    datum, their advantages computed over all of them. A call's row is its whole prompt (the
+    rubric, the task and the child's trajectory: about 2,500 tokens), so this bounds the
+    update's cost: about 300 trained-row tokens a second on 2 cores."""
+    config: str = "textcraft/sera_tiny.yaml"
+    """The training config that gives model, engine, precision, optimizer and the CISPO bounds."""
+    lr: float | None = None
+    """Learning rate (None: the config's)."""
+    points_dir: str | None = None
+    """Where the pool and the held-out points are cached (None: the parent of ``out``)."""
+    out: str = "runs/rubric_stage/rubric_scorer_seed0"
+    """Run folder: ``updates.csv``, ``heldout.csv``, ``checkpoint/``."""
+
+    def __post_init__(self) -> None:
+        if self.arm not in ARMS:
+            raise ValueError(f"arm must be one of {ARMS}, got {self.arm!r}")
+        for name in ("updates", "points_per_update", "pool_tasks", "heldout_tasks", "eval_every", "score_calls"):
+            if getattr(self, name) < (0 if name == "updates" else 1):
+                raise ValueError(f"{name} must be >= {0 if name == 'updates' else 1}, got {getattr(self, name)}")
+        if self.heldout_limit is not None and self.heldout_limit < 0:
+            raise ValueError(f"heldout_limit must be >= 0 or None, got {self.heldout_limit}")
+
+
+def branch_rewards(point: DelegationPoint, margin: float = RANKING_MARGIN) -> list[float | None]:
+    """``r_b = -mean_{pairs (p, n) holding b} max(0, margin - s_p + s_n)`` for each branch in
+    the ranking (a label and a score), None for the others (module docstring, step 4)."""
+    scores, labels = point.scores, point.labels
+    good = [i for i, (s, y) in enumerate(zip(scores, labels, strict=True)) if y is True and s is not None]
+    bad = [i for i, (s, y) in enumerate(zip(scores, labels, strict=True)) if y is False and s is not None]
+    out: list[float | None] = [None] * len(scores)
+    if not good or not bad:
+        return out
+    for i in good:
+        out[i] = -fmean(max(0.0, margin - scores[i] + scores[n]) for n in bad)
+    for i in bad:
+        out[i] = -fmean(max(0.0, margin - scores[p] + scores[i]) for p in good)
+    return out
+
+
+def score_advantages(point: DelegationPoint) -> list[tuple[int, float]]:
+    """``(branch, A_b)`` for the point's scoring calls in the ranking, ``A_b = r_b - mean_{b' != b} r_b'``
+    over those calls; none when their rewards are all equal (zero variance)."""
+    rewards = branch_rewards(point)
+    called = [(b.branch, r) for b, r in zip(point.branches, rewards, strict=True) if r is not None and b.score_turn is not None]
+    if len({r for _, r in called}) <= 1:
+        return []
+    total = sum(r for _, r in called)
+    return [(i, r - (total - r) / (len(called) - 1)) for i, r in called]
+
+
+def stage_rows(points: Sequence[DelegationPoint], *, train_scorer: bool, score_calls: int = 8,
+               rng: random.Random | None = None) -> tuple[list[TokenRow], dict[str, int]]:
+    """The update's token rows: each rewritten rubric call with its ``A_g`` (rubric role) and,
+    with ``train_scorer``, up to ``score_calls`` scoring calls per point (drawn with ``rng``
+    when there are more) with their ``A_b`` (score role); and the datums and trained tokens
+    of each role."""
+    datums = [Datum(f"{p.tree_id}/{p.child_id}", p.task_id, p.parent_id, 0, "rubric", p.parent_id.count("."),
+                    -p.ranking.loss, group=f"{p.parent_id}>{p.child_id}")
+              for p in points if not p.ranking.skipped and p.rewritten is not None]
+    turns = {f"{p.tree_id}/{p.child_id}": p.rewritten for p in points}
+    adv: list[Advantage] = rubric_advantages(datums)
+    rows = [r for a in adv for r in turn_rows([turns[a.datum.tree_id]], "rubric", a.value)]
+    count = {"datums_rubric": len(adv), "tokens_rubric": sum(r.tokens for r in rows), "datums_score": 0, "tokens_score": 0}
+    if train_scorer:
+        rng = rng or random.Random(0)
+        for p in points:
+            scored = score_advantages(p)
+            for branch, value in sorted(rng.sample(scored, min(score_calls, len(scored)))):
+                scored = turn_rows([p.branches[branch].score_turn], "score", value)
+                rows += scored
+                count["datums_score"] += 1
+                count["tokens_score"] += sum(r.tokens for r in scored)
+    return rows, count
+
+
+def stage_points(env: str, split: str, tasks: int, path: Path, *, last: bool) -> list[DelegationPoint]:
+    """The noisy expert's mixed groups on the first (``last``: the last) ``tasks`` medium
+    tasks of ``split``, built once into ``path`` (seconds; the same bytes every time)."""
+    from sera_core.agents.summary import read_points
+    from sera_core.course import pick_tasks
+    from sera_core.eval.points import heldout_points
+    from sera_core.utils.jsonio import write_jsonl
+
+    if not path.exists():
+        records = pick_tasks(env, split, difficulty="medium")
+        chosen = records[-tasks:] if last else records[:tasks]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_jsonl(path, [p.to_json() for p in heldout_points(env, chosen)])
+    return read_points(path)
+
+
+class RubricStage(Trainer):
+    """The rubric stage on fixed branches (module docstring); ``run()`` trains and measures."""
+
+    def __init__(self, cfg: RubricStageConfig, *, progress: bool = True):
+        from sera_core.train.config import load_config
+
+        overrides = {"schedule": "rubric_generation:1", "seed": cfg.seed, "out": cfg.out, "total_updates": cfg.updates,
+                     "checkpoint_every": 1, "method": f"sera_{cfg.arm}_stage"}
+        if cfg.lr is not None:
+            overrides["lr"] = cfg.lr
+        super().__init__(load_config(cfg.config, **overrides), progress=progress)
+        self.stage_cfg = cfg
+        cache = Path(cfg.points_dir) if cfg.points_dir else Path(cfg.out).parent
+        env = self.cfg.env
+        self.pool = stage_points(env, "train", cfg.pool_tasks, cache / f"pool_{env}_{cfg.pool_tasks}.jsonl", last=False)
+        held = stage_points(env, "val", cfg.heldout_tasks, cache / f"heldout_{env}_{cfg.heldout_tasks}.jsonl", last=True)
+        self.heldout = held[:cfg.heldout_limit]
+        self.last_rows: list[TokenRow] = []
+        self.last_stats: dict[str, Any] = {}
+        name = "".join(c if c.isalnum() else "_" for c in self.cfg.model)
+        self.start_file = cache / f"heldout_start_{env}_{name}_{cfg.heldout_tasks}_{len(self.heldout)}.json"
+        if len(self.pool) < cfg.points_per_update:
+            raise ValueError(f"the pool holds {len(self.pool)} mixed points, fewer than points_per_update="
+                             f"{cfg.points_per_update}: raise pool_tasks")
+
+    def rescored(self, points: Sequence[DelegationPoint], seed: int, rubric_temperature: float,
+                 score_temperature: float, progress: bool = False) -> list[DelegationPoint]:
+        """``points`` rubric-written and scored again by the current policy."""
+        from sera_core.agents.actors import as_actor
+        from sera_core.agents.runtime import Runtime
+
+        rc = self.cfg.rollout_settings(seed=seed, rubric_temperature=rubric_temperature,
+                                       score_temperature=score_temperature)
+        return Runtime(self.cfg.env, as_actor(self.policy), rc).rescore_all(points, progress=progress)
+
+    def measure(self) -> dict[str, Any]:
+        """The held-out metrics of the current weights (both calls at temperature 0, so the
+        seed does not enter: the starting model's are measured once per cache folder and
+        shared by every arm and seed, ``start_file``)."""
+        import json
+
+        from sera_core.eval.points import point_metrics
+        from sera_core.utils.jsonio import write_atomic
+
+        if self.version == 0 and self.start_file.exists():
+            return json.loads(self.start_file.read_text())
+        t0 = time.perf_counter()
+        out = self.rescored(self.heldout, derive_seed(0, "heldout"), 0.0, 0.0, progress=self.progress)
+        row = {"version": self.version, **point_metrics(out), "seconds": round(time.perf_counter() - t0, 1)}
+        if self.version == 0:
+            write_atomic(self.start_file, json.dumps(row).encode())
+        return row
+
+    def step(self) -> dict[str, Any]:
+        """One update at ``self.version``; returns its ``updates.csv`` row."""
+        from sera_core.eval.points import point_metrics
+        from sera_core.train.cispo import CISPOConfig
+        from sera_core.train.update import loss_and_backward
+
+        cfg, sc, v = self.cfg, self.stage_cfg, self.version
+        t0 = time.perf_counter()
+        torch.manual_seed(derive_seed(cfg.seed, "torch", v))
+        batch = random.Random(derive_seed(cfg.seed, "points", v)).sample(self.pool, sc.points_per_update)
+        points = self.rescored(batch, derive_seed(cfg.seed, "rescore", v), sc.rubric_temperature, sc.score_temperature)
+        t_gen = time.perf_counter() - t0
+        rows, counts = stage_rows(points, train_scorer=sc.arm == "rubric_scorer", score_calls=sc.score_calls,
+                                  rng=random.Random(derive_seed(cfg.seed, "score_calls", v)))
+        model = self.accelerator.unwrap_model(self.model)
+        model.train()
+        if cfg.backend == "vllm":
+            self.policy.sleep()  # GPUs: the engine's memory is the update's until _sync_policy
+        self.optimizer.zero_grad(set_to_none=True)
+        stats = loss_and_backward(self.model, rows, pad_id=self.tokenizer.pad_token_id,
+                                  total_tokens=sum(r.tokens for r in rows), micro_batch_tokens=cfg.micro_batch_tokens,
+                                  loss=cfg.loss, cispo=CISPOConfig(cfg.clip_low, cfg.clip_high),
+                                  backward=self.accelerator.backward)
+        grad_norm = float(self.accelerator.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)) if rows else 0.0
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        model.eval()
+        self._sync_policy()
+        self.last_rows, self.last_stats = rows, stats  # what the update trained, and log pi before it by sign
+        self.version += 1
+        self.counters["tokens_trained"] += int(stats["tokens"])
+        m = point_metrics(points)
+        return {"version": v, "points": m["points"], "mixed": m["mixed"], "pairwise_accuracy": m["pairwise_accuracy"],
+                "ranking_loss": m["ranking_loss"], "rubric_validity": m["rubric_validity"],
+                "score_validity": m["score_validity"], **counts, "loss": round(stats["loss"], 8), "grad_norm": round(grad_norm, 6),
+                "seconds_generation": round(t_gen, 1), "seconds_update": round(time.perf_counter() - t0 - t_gen, 1),
+                "seconds": round(time.perf_counter() - t0, 1)}
+
+    def run(self, *, total_updates: int | None = None, resume: bool = True, stop_after: int | None = None) -> dict:
+        """Measure, train ``updates`` updates, measure every ``eval_every`` and at the end;
+        resumes from ``out/checkpoint`` (rows of later versions are dropped and redone).
+        Returns ``{"updates": rows, "heldout": rows}`` as read back from the files."""
+        target = self.stage_cfg.updates if total_updates is None else total_updates
+        if resume and (self.out / "checkpoint").exists():
+            self.load(self.out / "checkpoint")
+        self.out.mkdir(parents=True, exist_ok=True)
+        updates = _keep_rows(self.out / "updates.csv", UPDATE_COLUMNS, self.version, below=True)
+        heldout = _keep_rows(self.out / "heldout.csv", HELDOUT_COLUMNS, self.version, below=False)
+        done = 0
+        bar = tqdm(total=target, initial=self.version, desc=f"rubric stage ({self.stage_cfg.arm})", disable=not self.progress)
+        while True:
+            due = self.version % self.stage_cfg.eval_every == 0 or self.version == target
+            if due and self.heldout and not any(int(r["version"]) == self.version for r in heldout):
+                heldout.append(_append_row(self.out / "heldout.csv", HELDOUT_COLUMNS, self.measure()))
+            if self.version >= target or (stop_after is not None and done >= stop_after):
+                break
+            updates.append(_append_row(self.out / "updates.csv", UPDATE_COLUMNS, self.step()))
+            self.save()
+            done += 1
+            bar.update(1)
+            bar.set_postfix(acc=updates[-1]["pairwise_accuracy"], tokens=updates[-1]["tokens_score"])
+        bar.close()
+        return {"config": asdict(self.stage_cfg), "updates": updates, "heldout": heldout}
+
+
+def _keep_rows(path: Path, columns: Sequence[str], version: int, *, below: bool) -> list[dict]:
+    """The rows of ``path`` of versions ``< version`` (``below``) or ``<= version``, the file
+    rewritten with only those (a resumed run redoes the rest)."""
+    if not path.exists():
+        return []
+    with path.open(newline="") as f:
+        rows = [r for r in csv.DictReader(f) if (int(r["version"]) < version if below else int(r["version"]) <= version)]
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        w.writerows(rows)
+    return rows
+
+
+def _append_row(path: Path, columns: Sequence[str], row: dict) -> dict:
+    """Append ``row`` to the CSV ``path`` (header first); return it as CSV text values."""
+    new = not path.exists()
+    text = {k: "" if row.get(k) is None else str(row[k]) for k in columns}
+    with path.open("a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        if new:
+            w.writeheader()
+        w.writerow(text)
+    return text

@@ -1,0 +1,114 @@
+"""The rubric stage on fixed branches (sera_core/train/rubric_stage.py): the scorer's share of
+the hinge terms, its leave-one-out advantages, and one resumable run on the embedded policy."""
+
+from __future__ import annotations
+
+import csv
+import gc
+import json
+from dataclasses import replace
+
+import pytest
+
+from sera_core.agents.runtime import Runtime
+from sera_core.course import noisy_expert, pick_tasks
+from sera_core.eval.points import heldout_points
+from sera_core.rubrics import Score, ranking_loss
+from sera_core.train.rubric_stage import RubricStageConfig, branch_rewards, score_advantages
+
+
+@pytest.fixture(scope="module")
+def point():
+    """A mixed point of the noisy expert on a medium train task, scored by the expert (1 or 0)."""
+    points = heldout_points("textcraft", pick_tasks("textcraft", "train", difficulty="medium", count=4))
+    return Runtime("textcraft", noisy_expert()).rescore_all(points[:1])[0]
+
+
+def with_scores(point, scores):
+    """The point with branch ``i`` scored ``scores[i]`` (None: malformed) and its ranking recomputed."""
+    branches = [replace(b, score=None if s is None else Score(1, {}, s, s, "")) for b, s in zip(point.branches, scores, strict=True)]
+    out = replace(point, branches=branches)
+    out.ranking = ranking_loss(out.scores, out.labels)
+    return out
+
+
+def test_branch_rewards_are_each_branchs_share_of_the_hinge_terms(point):
+    labels = point.labels
+    assert True in labels and False in labels
+    scores = [0.9 if y else 0.3 for y in labels]
+    scores[labels.index(False)] = 1.0  # one failure scored above every success
+    p = with_scores(point, scores)
+    rewards = branch_rewards(p)
+    good = [s for s, y in zip(scores, labels, strict=True) if y]
+    bad = [s for s, y in zip(scores, labels, strict=True) if not y]
+    for s, y, r in zip(scores, labels, rewards, strict=True):
+        terms = [max(0.0, 0.2 - s + n) for n in bad] if y else [max(0.0, 0.2 - g + s) for g in good]
+        assert r == pytest.approx(-sum(terms) / len(terms))
+    # every pair counted once from each side: the mean of the pair terms is L_rank
+    assert p.ranking.loss == pytest.approx(sum(max(0.0, 0.2 - g + n) for g in good for n in bad) / (len(good) * len(bad)))
+    worst = labels.index(False)
+    assert rewards[worst] == min(rewards) < max(rewards)
+    # a malformed score leaves the ranking: no reward for it, the others computed without it
+    scores[worst] = None
+    q = with_scores(point, scores)
+    assert branch_rewards(q)[worst] is None and all(r is not None for i, r in enumerate(branch_rewards(q)) if i != worst)
+
+
+def test_score_advantages_are_leave_one_out_and_skip_a_uniform_group(point, monkeypatch):
+    labels = point.labels
+    # the shipped adapter's scorer: 1.0 for every branch -> every r_b = -0.2 -> nothing to prefer
+    assert score_advantages(with_scores(point, [1.0] * len(labels))) == []
+    scores = [1.0 if y else 0.0 for y in labels]
+    scores[labels.index(False)] = 1.0
+    p = with_scores(point, scores)
+    assert all(b.score_turn is not None for b in p.branches)  # every branch finished and was scored by a call
+    adv = dict(score_advantages(p))
+    rewards = branch_rewards(p)
+    for b, r in enumerate(rewards):
+        others = [x for i, x in enumerate(rewards) if i != b]
+        assert adv[b] == pytest.approx(r - sum(others) / len(others))
+    assert adv[labels.index(False)] < 0 < max(adv.values())
+    # a call the runtime never made (a forced zero) has no tokens to train: no datum
+    forced = replace(p, branches=[replace(b, score_turn=None) if b.branch == 0 else b for b in p.branches])
+    assert 0 not in dict(score_advantages(forced)) and len(score_advantages(forced)) == len(labels) - 1
+
+
+def test_config_refuses_bad_settings_before_any_work():
+    with pytest.raises(ValueError, match="arm must be one of"):
+        RubricStageConfig(arm="scorer")
+    with pytest.raises(ValueError, match="points_per_update must be >= 1"):
+        RubricStageConfig(points_per_update=0)
+    with pytest.raises(ValueError, match="heldout_limit"):
+        RubricStageConfig(heldout_limit=-1)
+
+
+def read(path):
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.slow
+def test_a_run_trains_both_calls_and_resumes_after_an_interruption(tmp_path):
+    """The embedded policy on vLLM: one point per update, one held-out point. Stopped after
+    its first update and started again, the run continues at update 1 (the checkpoint's
+    version), measures once at the end, and no row is written twice."""
+    from sera_core.train.rubric_stage import RubricStage
+    from sera_core.train.trainer import read_checkpoint
+
+    cfg = RubricStageConfig(seed=3, updates=2, points_per_update=2, pool_tasks=2, eval_every=2, heldout_tasks=1,
+                            heldout_limit=1, out=str(tmp_path / "run"), points_dir=str(tmp_path))
+    first = RubricStage(cfg, progress=False)
+    done = first.run(stop_after=1)
+    assert [r["version"] for r in done["updates"]] == ["0"] and [r["version"] for r in done["heldout"]] == ["0"]
+    row = done["updates"][0]
+    assert int(row["datums_rubric"]) + int(row["datums_score"]) > 0 or float(row["loss"]) == 0.0
+    assert int(row["tokens_score"]) > 0 or int(row["datums_score"]) == 0
+    assert read_checkpoint(tmp_path / "run" / "checkpoint")["version"] == 1
+    start = json.loads(first.start_file.read_text())
+    assert start["points"] == 1 and start["version"] == 0
+    del first
+    gc.collect()
+    again = RubricStage(cfg, progress=False).run()
+    assert [r["version"] for r in again["updates"]] == ["0", "1"] and [r["version"] for r in again["heldout"]] == ["0", "2"]
+    assert [r["version"] for r in read(tmp_path / "run" / "updates.csv")] == ["0", "1"]
+    assert read_checkpoint(tmp_path / "run" / "checkpoint")["version"] == 2
