@@ -11,7 +11,8 @@ extension; the module docstring says why).
 
 Every run resumes from its last update and measurement, so the script can be killed and
 started again at any point; ``--report`` only writes ``OUT/table.md``, ``OUT/results.json``
-and ``OUT/rubric_curve.png`` (``--figures DIR`` copies the figure there) from what is done.
+and ``OUT/rubric_curve.png`` from what is done (``--figures DIR`` copies the figure and the
+results there as ``rubric_curve.png`` and ``rubric_curve.json``, which notebook 09 reads).
 Means ± 95% intervals over seeds (``1.96 * std / sqrt(n)``).
 
 ``nohup .venv/bin/python scripts/rubric_curve.py --out runs/rubric_curve > runs/rubric_curve.log 2>&1 &``
@@ -148,8 +149,9 @@ def main() -> None:
     (out / "results.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1) + "\n")
     if results:
         figure(results, out / "rubric_curve.png")
-        if args.figures:
+        if args.figures:  # the figure and the numbers behind it (notebook 09 reads them)
             shutil.copy(out / "rubric_curve.png", Path(args.figures) / "rubric_curve.png")
+            shutil.copy(out / "results.json", Path(args.figures) / "rubric_curve.json")
     print(table)
 
 

@@ -135,6 +135,26 @@ def test_seeded_prompts_longer_than_a_step_together_are_prefilled_whole(engine, 
     assert [g.token_ids for g in engine.generate(prompts, params)] == [g.token_ids for g in first]
 
 
+def test_at_most_max_num_seqs_requests_are_open_and_the_rest_wait_their_turn(engine, hf):
+    """``_admit``: beyond ``max_num_seqs`` open requests a job waits in the policy (not in the
+    engine, where a few hundred long prompts evicted each other's cached blocks between the
+    rounds of a ``stop_json`` call); the waiting ones run as others end, to the same tokens."""
+    from dataclasses import replace
+
+    prompts = [hf.chat_prompt([{"role": "user", "content": f"Count to {n}."}]) for n in range(3, 8)]
+    params = SamplingParams(temperature=0.0, max_new_tokens=12)
+    free = engine.generate(prompts, params)
+    kept = engine.engine_config
+    engine.engine_config, engine.step_log = replace(kept, max_num_seqs=2), []
+    try:
+        capped = engine.generate(prompts, params)
+        log = engine.step_log
+    finally:
+        engine.engine_config, engine.step_log = kept, None
+    assert max(n for n, _ in log) == 2 and not engine._waiting
+    assert [g.token_ids for g in capped] == [g.token_ids for g in free]
+
+
 def test_continuous_batching_lets_a_late_request_join_and_gives_the_batch_tokens(engine, hf):
     """Requests submitted 5 engine steps apart: the late one joins the running batch (steps
     with both open), and every completion equals the batch-at-once greedy result."""

@@ -59,6 +59,7 @@ The process shape
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import json
 import os
@@ -229,6 +230,8 @@ class VLLMPolicy:
         self.tied = bool(getattr(self.engine.model_config.hf_config, "tie_word_embeddings", False))
         self._ids = itertools.count()
         self._open: dict[str, _Job] = {}
+        self._waiting: collections.deque[_Job] = collections.deque()
+        """Jobs not yet submitted: at most ``max_num_seqs`` are open in the engine (:meth:`_admit`)."""
         self._driver: asyncio.Task | None = None
         self.step_log: list[tuple[int, float]] | None = None
         """Set to a list to record ``(requests open, seconds)`` of every engine step (the batching
@@ -252,7 +255,7 @@ class VLLMPolicy:
         if any(not j.prompt for j in jobs):
             raise ValueError("every prompt needs at least one token")
         for job in jobs:
-            self._submit(job)
+            self._admit(job)
         while any(j.result is None for j in jobs):
             self._step()
         return [j.result for j in jobs]  # type: ignore[misc]
@@ -262,25 +265,39 @@ class VLLMPolicy:
         if not prompt:
             raise ValueError("every prompt needs at least one token")
         job = _Job(list(prompt), params, future=asyncio.get_running_loop().create_future())
-        self._submit(job)
+        self._admit(job)
         if self._driver is None:
             self._driver = asyncio.ensure_future(self._drive(settle_rounds))
         return await job.future
 
     async def _drive(self, settle_rounds: int) -> None:
         try:
-            while self._open:
-                await settle(lambda: len(self._open), settle_rounds)  # every agent whose turn just ended submits its next
+            while self._open or self._waiting:
+                # every agent whose turn just ended submits its next
+                await settle(lambda: len(self._open) + len(self._waiting), settle_rounds)
                 self._step()
         except Exception as exc:  # noqa: BLE001 - hand the failure to every waiting caller
-            for job in self._open.values():
+            for job in [*self._open.values(), *self._waiting]:
                 if job.future is not None and not job.future.done():
                     job.future.set_exception(exc)
             self._open.clear()
+            self._waiting.clear()
         finally:
             self._driver = None
 
     # -- requests ----------------------------------------------------------------------
+    def _admit(self, job: _Job) -> None:
+        """Submit ``job`` if fewer than ``max_num_seqs`` requests are open, else queue it until
+        one ends (:meth:`_step`). Without the bound, a few hundred long prompts at once (the
+        scoring calls of 34 delegation points) thrash the prefix cache: a ``stop_json`` call
+        resubmits its prompt after every inner brace, and by then its blocks were evicted by
+        the other prompts, so each round prefilled its 3,000 tokens again (28 minutes without
+        one call finishing). Bounded, a job's next round follows its last at once."""
+        if len(self._open) < self.engine_config.max_num_seqs:
+            self._submit(job)
+        else:
+            self._waiting.append(job)
+
     def _submit(self, job: _Job) -> None:
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
@@ -312,6 +329,8 @@ class VLLMPolicy:
         for out in outputs:
             if out.finished:
                 self._finish(self._open.pop(out.request_id), out.outputs[0])
+        while self._waiting and len(self._open) < self.engine_config.max_num_seqs:
+            self._submit(self._waiting.popleft())
 
     def _finish(self, job: _Job, o) -> None:
         """Add a finished request's tokens to its job; end the job or continue it (``stop_json``)."""
@@ -340,7 +359,7 @@ class VLLMPolicy:
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | dict) -> int:
         """Replace the engine's weights with ``weights`` (Hugging Face names, full tensors) on
         every worker of this process's engine; returns how many tensors were loaded."""
-        if self._open:
+        if self._open or self._waiting:
             raise RuntimeError("weights change between rollouts, not while requests are open")
         dtype = self.engine.model_config.dtype
         pairs = [(n, t.detach().to("cpu" if not self.cuda else t.device, dtype).contiguous())

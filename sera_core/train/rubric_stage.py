@@ -115,6 +115,12 @@ class RubricStageConfig:
     """The training config that gives model, engine, precision, optimizer and the CISPO bounds."""
     lr: float | None = None
     """Learning rate (None: the config's)."""
+    kv_cache_gib: float = 6.0
+    """The CPU engine's KV cache (the config's ``engine_kv_cache_gib``, 2 by default there). A
+    scoring prompt holds the child's whole trajectory (about 3,000 tokens, 23 KB a token in
+    bfloat16), and a call continues after each inner brace of its JSON with its prompt again:
+    the 64 calls the engine runs at once need about 5 GiB for those prompts to stay cached
+    between rounds (:meth:`~sera_core.policy.vllm_backend.VLLMPolicy._admit`)."""
     points_dir: str | None = None
     """Where the pool and the held-out points are cached (None: the parent of ``out``)."""
     out: str = "runs/rubric_stage/rubric_scorer_seed0"
@@ -139,10 +145,10 @@ def branch_rewards(point: DelegationPoint, margin: float = RANKING_MARGIN) -> li
     out: list[float | None] = [None] * len(scores)
     if not good or not bad:
         return out
-    for i in good:
-        out[i] = -fmean(max(0.0, margin - scores[i] + scores[n]) for n in bad)
+    for i in good:  # rounded: equal shares computed in another order must compare equal (zero variance)
+        out[i] = -round(fmean(max(0.0, margin - scores[i] + scores[n]) for n in bad), 12)
     for i in bad:
-        out[i] = -fmean(max(0.0, margin - scores[p] + scores[i]) for p in good)
+        out[i] = -round(fmean(max(0.0, margin - scores[p] + scores[i]) for p in good), 12)
     return out
 
 
@@ -205,7 +211,7 @@ class RubricStage(Trainer):
         from sera_core.train.config import load_config
 
         overrides = {"schedule": "rubric_generation:1", "seed": cfg.seed, "out": cfg.out, "total_updates": cfg.updates,
-                     "checkpoint_every": 1, "method": f"sera_{cfg.arm}_stage"}
+                     "checkpoint_every": 1, "method": f"sera_{cfg.arm}_stage", "engine_kv_cache_gib": cfg.kv_cache_gib}
         if cfg.lr is not None:
             overrides["lr"] = cfg.lr
         super().__init__(load_config(cfg.config, **overrides), progress=progress)
