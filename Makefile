@@ -36,7 +36,7 @@ demo: setup  ## Main job on the embedded default: both benchmarks solved by the 
 	  --label "SmolLM2-135M + LoRA (CPU), make demo: 2 SERA updates, 8 easy val tasks" --method sera --out runs/demo/eval_tiny --resume
 	$(BIN)/sera tables --runs runs/demo/eval_tiny --out runs/demo/tables
 
-NBVAL := SERA_SMOKE=1 $(BIN)/python -m pytest --nbval-lax --nbval-sanitize-with notebooks/nbval_sanitize.cfg notebooks
+NBVAL := SERA_SMOKE=1 $(BIN)/python -m pytest --durations=0 --nbval-lax --nbval-sanitize-with notebooks/nbval_sanitize.cfg notebooks
 test: setup  ## Run the tests: pytest and every notebook with nbval side by side, one core each (notebooks log to runs/test/nbval.log)
 	@mkdir -p runs/test
 	@echo "notebooks (nbval) run alongside, logging to runs/test/nbval.log"

@@ -106,7 +106,7 @@ def test_a_killed_training_run_resumes_to_the_uninterrupted_weights_and_metrics(
     for k in range(2):
         cfg = _train_config(tmp_path, tmp_path / f"run{k}", schedule)
         cmd = [*SERA, "train", "--config", str(cfg), "--total-updates", "4", "--resume"]
-        metrics, target = tmp_path / f"run{k}" / "metrics.csv", rng.randint(1, 3)
+        metrics, target = tmp_path / f"run{k}" / "metrics.csv", rng.randint(2, 3)
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         # kill after `target` updates' rows plus a seeded moment (not after a wall time: CI's load varies)
         while proc.poll() is None and (not metrics.exists() or len(metrics.read_text().splitlines()) - 1 < target):
@@ -114,8 +114,13 @@ def test_a_killed_training_run_resumes_to_the_uninterrupted_weights_and_metrics(
         time.sleep(rng.uniform(0.0, 0.3))
         proc.send_signal(signal.SIGKILL)
         assert proc.wait(timeout=60) == -signal.SIGKILL  # killed mid-run, not after it finished
+        kept = read_checkpoint(tmp_path / f"run{k}" / "checkpoint")["version"]
+        assert 1 <= kept < 4  # (at least `target` - 1 updates were checkpointed)
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stderr[-2000:]
+        # it continued from the checkpoint: a run restarted from update 0 would reach the same
+        # weights (every draw is seeded) but would have run all 4 updates
+        assert json.loads(done.stdout.strip().splitlines()[-1])["updates"] == 4 - kept
         assert read_checkpoint(tmp_path / f"run{k}" / "checkpoint")["files"] == reference  # the same weights (sha256)
         assert _metrics(tmp_path / f"run{k}") == _metrics(tmp_path / "ref")
 

@@ -98,23 +98,58 @@ def test_a_valid_rubric_round_trips_and_its_weights_sum_to_one(data):
 
 
 @given(st.data())
-def test_a_parsed_score_is_g_times_the_weighted_item_scores(data):
+def test_a_well_formed_score_parses_to_g_times_the_weighted_item_scores(data):
+    """Every draw is a valid score (a boolean gate, each rubric item once with a score in
+    [0, 1], in any order, any claimed total): it parses, except a gate of true with every
+    item at 0 (success requires a final score > 0), and ``s = g * sum_j w_j c_j``."""
     rubric = parse_rubric(json.dumps(data.draw(rubric_json()))).value
-    gate = data.draw(st.one_of(st.booleans(), json_values))
-    scores = [{"name": item.name, "score": data.draw(st.one_of(st.floats(-1, 2), json_values)), "reason": ""}
-              for item in rubric.items if data.draw(st.booleans()) or True]
-    if data.draw(st.booleans()):
-        scores = data.draw(st.permutations(scores))
-    claimed = data.draw(st.one_of(st.floats(allow_nan=True), json_values))
+    gate = data.draw(st.booleans())
+    scores = [{"name": item.name, "score": data.draw(st.one_of(st.floats(0, 1), st.sampled_from([0, 1]))), "reason": ""}
+              for item in rubric.items]
+    scores = data.draw(st.permutations(scores))
+    claimed = data.draw(st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.none()))
     text = json.dumps({"success": gate, "criterion_scores": scores, "final_score": claimed, "reason": "r"})
     out = parse_score(wrapped(text, data.draw), rubric)
-    assert isinstance(out, Parsed)
-    if out.ok:
-        s = out.value
-        assert isinstance(s, Score) and s.gate in (0, 1) and 0.0 <= s.final_score <= 1.0
-        assert all(0.0 <= c <= 1.0 for c in s.item_scores.values())
-        expected = s.gate * sum(item.weight * s.item_scores[item.name] for item in rubric.items)
-        assert math.isclose(s.final_score, expected, abs_tol=1e-9)
+    by_name = {e["name"]: float(e["score"]) for e in scores}
+    weighted = sum(item.weight * by_name[item.name] for item in rubric.items)
+    if gate and weighted <= 0:
+        assert not out.ok and "success requires a final score > 0" in out.error
+        return
+    assert out.ok, out.error
+    s = out.value
+    assert s.gate == int(gate) and s.item_scores == by_name and s.claimed_score == claimed
+    assert math.isclose(s.final_score, s.gate * weighted, abs_tol=1e-9) and 0.0 <= s.final_score <= 1.0
+
+
+DEFECTS = {
+    "a missing item": "no score for",
+    "an item not in the rubric": "is not in the rubric",
+    "an item scored twice": "is scored twice",
+    "a score outside [0, 1]": "scores are in [0, 1]",
+    "a gate that is not a boolean": "`success` must be true or false",
+}
+
+
+@given(st.data(), st.sampled_from(sorted(DEFECTS)))
+def test_a_score_with_one_defect_is_malformed_and_says_which(data, defect):
+    rubric = parse_rubric(json.dumps(data.draw(rubric_json()))).value
+    scores = [{"name": item.name, "score": data.draw(st.floats(0.01, 1)), "reason": ""} for item in rubric.items]
+    gate: object = True
+    victim = data.draw(st.integers(0, len(scores) - 1))
+    if defect == "a missing item":
+        del scores[victim]
+    elif defect == "an item not in the rubric":
+        scores[victim]["name"] = "".join(item.name for item in rubric.items) + "?"
+    elif defect == "an item scored twice":
+        scores.append(dict(scores[victim]))
+    elif defect == "a score outside [0, 1]":
+        scores[victim]["score"] = data.draw(st.one_of(st.floats(max_value=-0.001, allow_infinity=False, allow_nan=False),
+                                                      st.floats(min_value=1.001, allow_infinity=False, allow_nan=False)))
+    else:
+        gate = data.draw(st.one_of(st.sampled_from(["true", 1, 0, None]), st.floats(allow_nan=False)))
+    text = json.dumps({"success": gate, "criterion_scores": scores, "final_score": 1.0, "reason": "r"})
+    out = parse_score(wrapped(text, data.draw), rubric)
+    assert not out.ok and DEFECTS[defect] in out.error
 
 
 @given(st.one_of(texty, json_values.map(json.dumps)))

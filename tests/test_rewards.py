@@ -199,6 +199,14 @@ def test_rubric_advantage_loo_across_groups():
     assert adv == pytest.approx([-0.1 + 0.25, -0.5 + 0.05, 0.0 + 0.3])
     assert rubric_advantages(ds[:1], filter_zero_variance=False)[0].advantage == -0.1  # one group: baseline 0
     assert rubric_advantages([ds[0], ds[0]]) == [] and zero_variance([ds[0], ds[0]])
+    # groups whose every pair ties: -L_rank is 0.2 up to float rounding, which is no preference
+    from dataclasses import replace as swap
+
+    tie = 0.2 - 1.0 + 1.0  # one pair's hinge when both branches score 1.0: 0.19999999999999996
+    assert tie != 0.2 and tie == pytest.approx(0.2)
+    rounded = [swap(ds[0], reward=-tie), swap(ds[0], reward=-0.2)]
+    assert zero_variance(rounded) and rubric_advantages(rounded) == []
+    assert not zero_variance([swap(ds[0], reward=-0.2), swap(ds[0], reward=-0.2 + 1e-6)])
 
 
 # -- depth weighting ------------------------------------------------------------------

@@ -61,9 +61,21 @@ def _group(items: Sequence, key) -> dict[str, list]:
     return out
 
 
+REWARD_TOLERANCE = 1e-9
+"""Rewards closer than this are equal: ``-L_rank`` of two groups whose every pair ties is 0.2
+up to float rounding (``0.2 - 1.0 + 1.0`` is 0.19999999999999996), and training on that
+difference would be training on rounding noise (and Adam's momentum would move the weights
+on a batch that prefers nothing)."""
+
+
 def zero_variance(datums: Sequence[Datum]) -> bool:
-    """True when every datum has the same reward (nothing to prefer)."""
-    return len({d.reward for d in datums}) <= 1
+    """True when every datum has the same reward, to :data:`REWARD_TOLERANCE` (nothing to prefer)."""
+    return _spread([d.reward for d in datums]) <= REWARD_TOLERANCE
+
+
+def _spread(values: Sequence[float]) -> float:
+    """``max - min`` of ``values`` (0 for none)."""
+    return max(values) - min(values) if values else 0.0
 
 
 def _keep(datums: Sequence[Datum], filter_zero_variance: bool) -> list[Datum]:
@@ -98,7 +110,7 @@ def leaf_advantages(datums: Sequence[Datum], trees: Sequence[Tree], *, filter_ze
     m = {t.tree_id: fmean(d.reward for d in rewards[t.tree_id]) if rewards.get(t.tree_id) else 0.0 for t in trees}
     group = _group(trees, lambda t: t.task_id)
     uniform = {task_id for task_id, ds in _group(datums, lambda d: d.task_id).items()
-               if len({d.reward for d in ds} | {m[t.tree_id] for t in group[task_id]}) <= 1}
+               if _spread([d.reward for d in ds] + [m[t.tree_id] for t in group[task_id]]) <= REWARD_TOLERANCE}
     out = []
     for d in datums:
         if filter_zero_variance and d.task_id in uniform:

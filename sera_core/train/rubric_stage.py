@@ -65,7 +65,7 @@ from tqdm.auto import tqdm
 from sera_core.agents.points import DelegationPoint
 from sera_core.rewards import Datum
 from sera_core.rubrics import RANKING_MARGIN
-from sera_core.train.advantages import Advantage, rubric_advantages
+from sera_core.train.advantages import REWARD_TOLERANCE, Advantage, rubric_advantages
 from sera_core.train.trainer import Trainer
 from sera_core.train.update import TokenRow, turn_rows
 from sera_core.utils.seeding import derive_seed
@@ -145,19 +145,20 @@ def branch_rewards(point: DelegationPoint, margin: float = RANKING_MARGIN) -> li
     out: list[float | None] = [None] * len(scores)
     if not good or not bad:
         return out
-    for i in good:  # rounded: equal shares computed in another order must compare equal (zero variance)
-        out[i] = -round(fmean(max(0.0, margin - scores[i] + scores[n]) for n in bad), 12)
+    for i in good:
+        out[i] = -fmean(max(0.0, margin - scores[i] + scores[n]) for n in bad)
     for i in bad:
-        out[i] = -round(fmean(max(0.0, margin - scores[p] + scores[i]) for p in good), 12)
+        out[i] = -fmean(max(0.0, margin - scores[p] + scores[i]) for p in good)
     return out
 
 
 def score_advantages(point: DelegationPoint) -> list[tuple[int, float]]:
     """``(branch, A_b)`` for the point's scoring calls in the ranking, ``A_b = r_b - mean_{b' != b} r_b'``
-    over those calls; none when their rewards are all equal (zero variance)."""
+    over those calls; none when their rewards are all equal (zero variance, to
+    :data:`~sera_core.train.advantages.REWARD_TOLERANCE`)."""
     rewards = branch_rewards(point)
     called = [(b.branch, r) for b, r in zip(point.branches, rewards, strict=True) if r is not None and b.score_turn is not None]
-    if len({r for _, r in called}) <= 1:
+    if not called or max(r for _, r in called) - min(r for _, r in called) <= REWARD_TOLERANCE:
         return []
     total = sum(r for _, r in called)
     return [(i, r - (total - r) / (len(called) - 1)) for i, r in called]
