@@ -95,7 +95,7 @@ def test_a_run_trains_both_calls_and_resumes_after_an_interruption(tmp_path):
     from sera_core.train.rubric_stage import RubricStage
     from sera_core.train.trainer import read_checkpoint
 
-    cfg = RubricStageConfig(seed=3, updates=2, points_per_update=2, pool_tasks=2, eval_every=2, heldout_tasks=1,
+    cfg = RubricStageConfig(seed=3, updates=2, points_per_update=2, pool_tasks=4, eval_every=2, heldout_tasks=1,
                             heldout_limit=1, out=str(tmp_path / "run"), points_dir=str(tmp_path))
     first = RubricStage(cfg, progress=False)
     done = first.run(stop_after=1)

@@ -346,7 +346,7 @@ class Runtime:
         worker thread and waits; ``await rollouts(...)`` avoids that thread."""
         return run_sync(lambda: self.rollouts(records, trees=trees, progress=progress, part=part, on_done=on_done))
 
-    async def rescore(self, point: DelegationPoint) -> DelegationPoint:
+    async def rescore(self, point: DelegationPoint, *, keep_turn: bool = False) -> DelegationPoint:
         """The same delegation point with this runtime's rubric writer and scorer.
 
         The branches stay as they were played (trajectories, final states, judge labels);
@@ -354,8 +354,9 @@ class Runtime:
         ``rubric_temperature``; seed ``derive_seed(seed, "rescore", tree_id, child_id)``),
         every branch is scored against it exactly as the runtime scores a child (a branch that
         did not finish, or finished with no report, gets a forced zero without a call), and
-        the ranking loss is recomputed; the new rubric call's turn is ``rewritten`` (None for
-        the external writer). A fixed set of points scored by two policies measures
+        the ranking loss is recomputed; with ``keep_turn`` the new rubric call's turn (its
+        prompt and completion tokens: what a training step needs, kilobytes a point) is kept
+        as ``rewritten`` (None for the external writer). A fixed set of points scored by two policies measures
         their rubric writing and scoring alone, on the same branches (the tiny experiment's
         held-out points). Points written before the calls were stored cannot be rescored."""
         if (self.cfg.rubric_writer != "global" and not point.rubric_call) \
@@ -378,16 +379,18 @@ class Runtime:
             score, error = branch_score(result)
             branches.append(replace(b, score=score, score_error=error, score_turn=turn))
         out = replace(point, rubric=rubric.to_json() if rubric is not None else None, rubric_error=rubric_error,
-                      rubric_turn=None, branches=branches, rewritten=rewritten)
+                      rubric_turn=None, branches=branches, rewritten=rewritten if keep_turn else None)
         out.ranking = ranking_loss(out.scores, out.labels)
         return out
 
-    def rescore_all(self, points: Sequence[DelegationPoint], *, progress: bool = False) -> list[DelegationPoint]:
-        """:meth:`rescore` of every point, all concurrently (batched through one actor), in input order."""
+    def rescore_all(self, points: Sequence[DelegationPoint], *, progress: bool = False,
+                    keep_turns: bool = False) -> list[DelegationPoint]:
+        """:meth:`rescore` of every point (``keep_turn=keep_turns``), all concurrently (batched
+        through one actor), in input order."""
         bar = tqdm(total=len(points), desc="rescore points", disable=not progress)
 
         async def one(point: DelegationPoint) -> DelegationPoint:
-            out = await self.rescore(point)
+            out = await self.rescore(point, keep_turn=keep_turns)
             bar.update(1)
             return out
 

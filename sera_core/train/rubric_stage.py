@@ -17,7 +17,7 @@ Per update ``v`` (a :class:`~sera_core.train.trainer.Trainer` with schedule
    ``random.Random(derive_seed(seed, "points", v))``;
 2. the policy writes each point's rubric again (temperature ``rubric_temperature``) and
    scores its 8 stored branches (temperature ``score_temperature``),
-   :meth:`~sera_core.agents.runtime.Runtime.rescore`, runtime seed
+   :meth:`~sera_core.agents.runtime.Runtime.rescore` keeping the rubric calls' tokens, runtime seed
    ``derive_seed(seed, "rescore", v)``;
 3. rubric datums, SERA's ranking reward (:mod:`sera_core.rewards.rubric_ranking`,
    :func:`~sera_core.train.advantages.rubric_advantages`)::
@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import csv
 import random
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -231,14 +232,15 @@ class RubricStage(Trainer):
                              f"{cfg.points_per_update}: raise pool_tasks")
 
     def rescored(self, points: Sequence[DelegationPoint], seed: int, rubric_temperature: float,
-                 score_temperature: float, progress: bool = False) -> list[DelegationPoint]:
-        """``points`` rubric-written and scored again by the current policy."""
+                 score_temperature: float, progress: bool = False, keep_turns: bool = False) -> list[DelegationPoint]:
+        """``points`` rubric-written and scored again by the current policy (``keep_turns``:
+        with the rubric calls' tokens, :meth:`~sera_core.agents.runtime.Runtime.rescore`)."""
         from sera_core.agents.actors import as_actor
         from sera_core.agents.runtime import Runtime
 
         rc = self.cfg.rollout_settings(seed=seed, rubric_temperature=rubric_temperature,
                                        score_temperature=score_temperature)
-        return Runtime(self.cfg.env, as_actor(self.policy), rc).rescore_all(points, progress=progress)
+        return Runtime(self.cfg.env, as_actor(self.policy), rc).rescore_all(points, progress=progress, keep_turns=keep_turns)
 
     def measure(self) -> dict[str, Any]:
         """The held-out metrics of the current weights (both calls at temperature 0, so the
@@ -268,7 +270,8 @@ class RubricStage(Trainer):
         t0 = time.perf_counter()
         torch.manual_seed(derive_seed(cfg.seed, "torch", v))
         batch = random.Random(derive_seed(cfg.seed, "points", v)).sample(self.pool, sc.points_per_update)
-        points = self.rescored(batch, derive_seed(cfg.seed, "rescore", v), sc.rubric_temperature, sc.score_temperature)
+        points = self.rescored(batch, derive_seed(cfg.seed, "rescore", v), sc.rubric_temperature, sc.score_temperature,
+                               keep_turns=True)
         t_gen = time.perf_counter() - t0
         rows, counts = stage_rows(points, train_scorer=sc.arm == "rubric_scorer", score_calls=sc.score_calls,
                                   rng=random.Random(derive_seed(cfg.seed, "score_calls", v)))
@@ -298,11 +301,16 @@ class RubricStage(Trainer):
 
     def run(self, *, total_updates: int | None = None, resume: bool = True, stop_after: int | None = None) -> dict:
         """Measure, train ``updates`` updates, measure every ``eval_every`` and at the end;
-        resumes from ``out/checkpoint`` (rows of later versions are dropped and redone).
-        Returns ``{"updates": rows, "heldout": rows}`` as read back from the files."""
+        ``resume`` continues from ``out/checkpoint`` (rows of later versions are dropped and
+        redone), else an earlier run's checkpoint and rows are removed first. Returns
+        ``{"updates": rows, "heldout": rows}`` as read back from the files."""
         target = self.stage_cfg.updates if total_updates is None else total_updates
         if resume and (self.out / "checkpoint").exists():
             self.load(self.out / "checkpoint")
+        elif not resume:
+            shutil.rmtree(self.out / "checkpoint", ignore_errors=True)
+            for name in ("updates.csv", "heldout.csv"):
+                (self.out / name).unlink(missing_ok=True)
         self.out.mkdir(parents=True, exist_ok=True)
         updates = _keep_rows(self.out / "updates.csv", UPDATE_COLUMNS, self.version, below=True)
         heldout = _keep_rows(self.out / "heldout.csv", HELDOUT_COLUMNS, self.version, below=False)
