@@ -61,25 +61,18 @@ def collect(out: Path, arms: list[str], seeds: list[int], updates: int) -> dict:
     return results
 
 
-def interval(values: list[float]) -> str:
-    from sera_core.eval.points import mean_interval
-
-    mean, half = mean_interval([v for v in values if v is not None])
-    if mean is None:
-        return "-"
-    return f"{mean:.3f}" if half is None else f"{mean:.3f} ± {half:.3f}"
-
-
 def report(results: dict) -> str:
+    from sera_core.eval.points import format_interval
+
     lines = ["| arm | seeds | held-out pairwise accuracy: start | end | ranking loss: start | end | score validity (end) "
              "| tokens trained per update (rubric / score) | minutes per run |", "|---|---|---|---|---|---|---|---|---|"]
     for arm, runs in results.items():
         start = [r["heldout"][0] for r in runs]
         end = [r["heldout"][-1] for r in runs]
         tokens = " / ".join(f"{fmean(u[k] for r in runs for u in r['updates']):,.0f}" for k in ("tokens_rubric", "tokens_score"))
-        lines.append(f"| {LABELS[arm]} | {len(runs)} | {interval([h['pairwise_accuracy'] for h in start])} | "
-                     f"{interval([h['pairwise_accuracy'] for h in end])} | {interval([h['ranking_loss'] for h in start])} | "
-                     f"{interval([h['ranking_loss'] for h in end])} | {interval([h['score_validity'] for h in end])} | "
+        lines.append(f"| {LABELS[arm]} | {len(runs)} | {format_interval([h['pairwise_accuracy'] for h in start])} | "
+                     f"{format_interval([h['pairwise_accuracy'] for h in end])} | {format_interval([h['ranking_loss'] for h in start])} | "
+                     f"{format_interval([h['ranking_loss'] for h in end])} | {format_interval([h['score_validity'] for h in end])} | "
                      f"{tokens} | {fmean(r['seconds'] for r in runs) / 60:.0f} |")
     return "\n".join(lines)
 

@@ -141,18 +141,10 @@ def training_stats(run: Path) -> dict:
             "stages": list(m["stage"]), "seconds_per_update": round(float(m["seconds"].mean()), 1)}
 
 
-def interval(values: list) -> str:
-    """``mean ± half`` of the values given (None skipped) over seeds (:func:`~sera_core.eval.points.mean_interval`)."""
-    from sera_core.eval.points import mean_interval
-
-    mean, half = mean_interval([v for v in values if v is not None])
-    if mean is None:
-        return "-"
-    return f"{mean:.3f}" if half is None else f"{mean:.3f} ± {half:.3f}"
-
-
 def report(results: dict) -> str:
     """The Markdown table of ``results`` (one row per model; means ± 95% intervals over seeds)."""
+    from sera_core.eval.points import format_interval
+
     lines = ["| model | seeds | pairwise accuracy (held-out points) | ranking loss | root success (val) | easy | medium "
              "| tokens trained (exec / deleg / rubric) | mixed groups | delegations / tree |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -164,11 +156,11 @@ def report(results: dict) -> str:
             by = [r.get("tokens_by_stage", {}) for r in rows]
             tokens = " / ".join(f"{fmean([b.get(s, 0) for b in by]):,.0f}" for s in ("execution", "delegation", "rubric_generation"))
         lines.append(
-            f"| {LABELS[name]} | {len(rows)} | {interval([r['points']['pairwise_accuracy'] for r in rows])} | "
-            f"{interval([r['points']['ranking_loss'] for r in rows])} | {interval([r['root_success'] for r in rows])} | "
-            f"{interval([r['by_difficulty'].get('easy', 0) / 100 for r in rows])} | "
-            f"{interval([r['by_difficulty'].get('medium', 0) / 100 for r in rows])} | {tokens} | "
-            f"{interval([r.get('mixed_group_share') for r in rows])} | {interval([r.get('delegations_per_tree') for r in rows])} |")
+            f"| {LABELS[name]} | {len(rows)} | {format_interval([r['points']['pairwise_accuracy'] for r in rows])} | "
+            f"{format_interval([r['points']['ranking_loss'] for r in rows])} | {format_interval([r['root_success'] for r in rows])} | "
+            f"{format_interval([r['by_difficulty'].get('easy', 0) / 100 for r in rows])} | "
+            f"{format_interval([r['by_difficulty'].get('medium', 0) / 100 for r in rows])} | {tokens} | "
+            f"{format_interval([r.get('mixed_group_share') for r in rows])} | {format_interval([r.get('delegations_per_tree') for r in rows])} |")
     return "\n".join(lines)
 
 

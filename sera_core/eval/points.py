@@ -58,6 +58,15 @@ def mean_interval(values: list[float]) -> tuple[float | None, float | None]:
     return round(fmean(values), 4), None if half is None else round(half, 4)
 
 
+def format_interval(values: Sequence[float | None]) -> str:
+    """``mean ± half`` (:func:`mean_interval`, 3 places) of the values that are not None;
+    the mean alone for one value, ``-`` for none: a table cell over seeds."""
+    mean, half = mean_interval([v for v in values if v is not None])
+    if mean is None:
+        return "-"
+    return f"{mean:.3f}" if half is None else f"{mean:.3f} ± {half:.3f}"
+
+
 def point_metrics(points: Sequence[DelegationPoint]) -> dict[str, Any]:
     """Pairwise accuracy and ranking loss over the points' mixed groups (mean and 95% half
     interval), how many groups were mixed, and the validity of the rubrics and scores.

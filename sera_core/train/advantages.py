@@ -68,14 +68,20 @@ difference would be training on rounding noise (and Adam's momentum would move t
 on a batch that prefers nothing)."""
 
 
+def uniform(rewards: Sequence[float]) -> bool:
+    """True when ``max - min <= REWARD_TOLERANCE`` (none or one reward included): nothing to prefer."""
+    return not rewards or max(rewards) - min(rewards) <= REWARD_TOLERANCE
+
+
 def zero_variance(datums: Sequence[Datum]) -> bool:
     """True when every datum has the same reward, to :data:`REWARD_TOLERANCE` (nothing to prefer)."""
-    return _spread([d.reward for d in datums]) <= REWARD_TOLERANCE
+    return uniform([d.reward for d in datums])
 
 
-def _spread(values: Sequence[float]) -> float:
-    """``max - min`` of ``values`` (0 for none)."""
-    return max(values) - min(values) if values else 0.0
+def leave_one_out(rewards: Sequence[float]) -> list[float]:
+    """``A_i = r_i - mean_{j != i} r_j`` (baseline 0 for a single reward)."""
+    total, n = sum(rewards), len(rewards)
+    return [r - ((total - r) / (n - 1) if n > 1 else 0.0) for r in rewards]
 
 
 def _keep(datums: Sequence[Datum], filter_zero_variance: bool) -> list[Datum]:
@@ -109,11 +115,11 @@ def leaf_advantages(datums: Sequence[Datum], trees: Sequence[Tree], *, filter_ze
     rewards = _group(datums, lambda d: d.tree_id)
     m = {t.tree_id: fmean(d.reward for d in rewards[t.tree_id]) if rewards.get(t.tree_id) else 0.0 for t in trees}
     group = _group(trees, lambda t: t.task_id)
-    uniform = {task_id for task_id, ds in _group(datums, lambda d: d.task_id).items()
-               if _spread([d.reward for d in ds] + [m[t.tree_id] for t in group[task_id]]) <= REWARD_TOLERANCE}
+    flat = {task_id for task_id, ds in _group(datums, lambda d: d.task_id).items()
+            if uniform([d.reward for d in ds] + [m[t.tree_id] for t in group[task_id]])}
     out = []
     for d in datums:
-        if filter_zero_variance and d.task_id in uniform:
+        if filter_zero_variance and d.task_id in flat:
             continue
         k = len(group[d.task_id])
         baseline = (sum(m[t.tree_id] for t in group[d.task_id]) - m[d.tree_id]) / (k - 1) if k > 1 else 0.0
@@ -125,8 +131,7 @@ def rubric_advantages(datums: Sequence[Datum], *, filter_zero_variance: bool = T
     """``A_g = r_g - mean_{g' != g} r_g'`` across the batch's valid groups."""
     if filter_zero_variance and zero_variance(datums):
         return []
-    total, n = sum(d.reward for d in datums), len(datums)
-    return [Advantage(d, d.reward - ((total - d.reward) / (n - 1) if n > 1 else 0.0)) for d in datums]
+    return [Advantage(d, a) for d, a in zip(datums, leave_one_out([d.reward for d in datums]), strict=True)]
 
 
 def depth_weighted(advantages: Sequence[Advantage]) -> list[Advantage]:

@@ -50,7 +50,6 @@ so a killed run resumes at its last update and measurement with nothing repeated
 
 from __future__ import annotations
 
-import csv
 import random
 import shutil
 import time
@@ -66,8 +65,8 @@ from tqdm.auto import tqdm
 from sera_core.agents.points import DelegationPoint
 from sera_core.rewards import Datum
 from sera_core.rubrics import RANKING_MARGIN
-from sera_core.train.advantages import REWARD_TOLERANCE, Advantage, rubric_advantages
-from sera_core.train.trainer import Trainer
+from sera_core.train.advantages import Advantage, leave_one_out, rubric_advantages, uniform
+from sera_core.train.trainer import Trainer, append_row, keep_rows
 from sera_core.train.update import TokenRow, turn_rows
 from sera_core.utils.seeding import derive_seed
 
@@ -159,10 +158,9 @@ def score_advantages(point: DelegationPoint) -> list[tuple[int, float]]:
     :data:`~sera_core.train.advantages.REWARD_TOLERANCE`)."""
     rewards = branch_rewards(point)
     called = [(b.branch, r) for b, r in zip(point.branches, rewards, strict=True) if r is not None and b.score_turn is not None]
-    if not called or max(r for _, r in called) - min(r for _, r in called) <= REWARD_TOLERANCE:
+    if uniform([r for _, r in called]):
         return []
-    total = sum(r for _, r in called)
-    return [(i, r - (total - r) / (len(called) - 1)) for i, r in called]
+    return list(zip([i for i, _ in called], leave_one_out([r for _, r in called]), strict=True))
 
 
 def stage_rows(points: Sequence[DelegationPoint], *, train_scorer: bool, score_calls: int = 8,
@@ -181,12 +179,12 @@ def stage_rows(points: Sequence[DelegationPoint], *, train_scorer: bool, score_c
     if train_scorer:
         rng = rng or random.Random(0)
         for p in points:
-            scored = score_advantages(p)
-            for branch, value in sorted(rng.sample(scored, min(score_calls, len(scored)))):
-                scored = turn_rows([p.branches[branch].score_turn], "score", value)
-                rows += scored
+            calls = score_advantages(p)
+            for branch, value in sorted(rng.sample(calls, min(score_calls, len(calls)))):
+                trained = turn_rows([p.branches[branch].score_turn], "score", value)
+                rows += trained
                 count["datums_score"] += 1
-                count["tokens_score"] += sum(r.tokens for r in scored)
+                count["tokens_score"] += sum(r.tokens for r in trained)
     return rows, count
 
 
@@ -263,8 +261,6 @@ class RubricStage(Trainer):
     def step(self) -> dict[str, Any]:
         """One update at ``self.version``; returns its ``updates.csv`` row."""
         from sera_core.eval.points import point_metrics
-        from sera_core.train.cispo import CISPOConfig
-        from sera_core.train.update import loss_and_backward
 
         cfg, sc, v = self.cfg, self.stage_cfg, self.version
         t0 = time.perf_counter()
@@ -275,20 +271,7 @@ class RubricStage(Trainer):
         t_gen = time.perf_counter() - t0
         rows, counts = stage_rows(points, train_scorer=sc.arm == "rubric_scorer", score_calls=sc.score_calls,
                                   rng=random.Random(derive_seed(cfg.seed, "score_calls", v)))
-        model = self.accelerator.unwrap_model(self.model)
-        model.train()
-        if cfg.backend == "vllm":
-            self.policy.sleep()  # GPUs: the engine's memory is the update's until _sync_policy
-        self.optimizer.zero_grad(set_to_none=True)
-        stats = loss_and_backward(self.model, rows, pad_id=self.tokenizer.pad_token_id,
-                                  total_tokens=sum(r.tokens for r in rows), micro_batch_tokens=cfg.micro_batch_tokens,
-                                  loss=cfg.loss, cispo=CISPOConfig(cfg.clip_low, cfg.clip_high),
-                                  backward=self.accelerator.backward)
-        grad_norm = float(self.accelerator.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)) if rows else 0.0
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        model.eval()
-        self._sync_policy()
+        stats, grad_norm = self.train_rows(rows)
         self.last_rows, self.last_stats = rows, stats  # what the update trained, and log pi before it by sign
         self.version += 1
         self.counters["tokens_trained"] += int(stats["tokens"])
@@ -312,17 +295,17 @@ class RubricStage(Trainer):
             for name in ("updates.csv", "heldout.csv"):
                 (self.out / name).unlink(missing_ok=True)
         self.out.mkdir(parents=True, exist_ok=True)
-        updates = _keep_rows(self.out / "updates.csv", UPDATE_COLUMNS, self.version, below=True)
-        heldout = _keep_rows(self.out / "heldout.csv", HELDOUT_COLUMNS, self.version, below=False)
+        updates = keep_rows(self.out / "updates.csv", UPDATE_COLUMNS, before=self.version)
+        heldout = keep_rows(self.out / "heldout.csv", HELDOUT_COLUMNS, before=self.version + 1)  # this version's measure stays
         done = 0
         bar = tqdm(total=target, initial=self.version, desc=f"rubric stage ({self.stage_cfg.arm})", disable=not self.progress)
         while True:
             due = self.version % self.stage_cfg.eval_every == 0 or self.version == target
             if due and self.heldout and not any(int(r["version"]) == self.version for r in heldout):
-                heldout.append(_append_row(self.out / "heldout.csv", HELDOUT_COLUMNS, self.measure()))
+                heldout.append(append_row(self.out / "heldout.csv", HELDOUT_COLUMNS, self.measure()))
             if self.version >= target or (stop_after is not None and done >= stop_after):
                 break
-            updates.append(_append_row(self.out / "updates.csv", UPDATE_COLUMNS, self.step()))
+            updates.append(append_row(self.out / "updates.csv", UPDATE_COLUMNS, self.step()))
             self.save()
             done += 1
             bar.update(1)
@@ -330,28 +313,3 @@ class RubricStage(Trainer):
         bar.close()
         return {"config": asdict(self.stage_cfg), "updates": updates, "heldout": heldout}
 
-
-def _keep_rows(path: Path, columns: Sequence[str], version: int, *, below: bool) -> list[dict]:
-    """The rows of ``path`` of versions ``< version`` (``below``) or ``<= version``, the file
-    rewritten with only those (a resumed run redoes the rest)."""
-    if not path.exists():
-        return []
-    with path.open(newline="") as f:
-        rows = [r for r in csv.DictReader(f) if (int(r["version"]) < version if below else int(r["version"]) <= version)]
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=columns)
-        w.writeheader()
-        w.writerows(rows)
-    return rows
-
-
-def _append_row(path: Path, columns: Sequence[str], row: dict) -> dict:
-    """Append ``row`` to the CSV ``path`` (header first); return it as CSV text values."""
-    new = not path.exists()
-    text = {k: "" if row.get(k) is None else str(row[k]) for k in columns}
-    with path.open("a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=columns)
-        if new:
-            w.writeheader()
-        w.writerow(text)
-    return text

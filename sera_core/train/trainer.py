@@ -398,12 +398,19 @@ class Trainer:
         update, on every process); the rollout policy then follows the new weights. Returns
         the advantages, the datums zero-variance filtering dropped, the loss statistics of
         the whole update and the gradient norm before clipping."""
+        adv, filtered = self.advantages(stage, rollouts)
+        stats, grad_norm = self.train_rows(token_rows({r.tree.tree_id: r.tree for r in rollouts}, adv))
+        return adv, filtered, stats, grad_norm
+
+    def train_rows(self, rows: list) -> tuple[dict[str, float], float]:
+        """One optimizer step on ``rows`` (every process passes all of them): the CISPO (or
+        GRPO) loss back-propagated, gradients clipped, AdamW stepped; then the rollout policy
+        follows the new weights. Returns the loss statistics of the whole update and the
+        gradient norm before clipping (0 without rows)."""
         cfg = self.cfg
         model = self.accelerator.unwrap_model(self.model)
-        adv, filtered = self.advantages(stage, rollouts)
-        rows = token_rows({r.tree.tree_id: r.tree for r in rollouts}, adv)
         model.train()
-        if self.cfg.backend == "vllm":
+        if cfg.backend == "vllm":
             self.policy.sleep()  # GPUs: the engine's memory is the update's until _sync_policy
         self.optimizer.zero_grad(set_to_none=True)
         stats = loss_and_backward(self.model, rows, pad_id=self.tokenizer.pad_token_id,
@@ -415,7 +422,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         model.eval()
         self._sync_policy()
-        return adv, filtered, self._whole_batch(stats), float(grad_norm)
+        return self._whole_batch(stats), float(grad_norm)
 
     def _supervision(self) -> list[int]:
         """This process's cumulative judge calls and input tokens, external writer/scorer
@@ -511,13 +518,7 @@ class Trainer:
     def _append_metrics(self, row: dict) -> None:
         if not self.accelerator.is_main_process:
             return
-        path = self.out / "metrics.csv"
-        new = not path.exists()
-        with path.open("a", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=METRICS)
-            if new:
-                w.writeheader()
-            w.writerow({k: ("" if row[k] is None else row[k]) for k in METRICS})
+        append_row(self.out / "metrics.csv", METRICS, row)
         if self.accelerator.trackers:
             self.accelerator.log({k: x for k, x in row.items() if isinstance(x, (int, float)) and k != "version"},
                                  step=row["version"])
@@ -538,15 +539,7 @@ class Trainer:
 
     def _trim_metrics(self) -> None:
         """Keep only the rows of versions already done (a resumed run rewrites later ones)."""
-        path = self.out / "metrics.csv"
-        if not path.exists():
-            return
-        with path.open(newline="") as f:
-            rows = [r for r in csv.DictReader(f) if int(r["version"]) < self.version]
-        with path.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=METRICS)
-            w.writeheader()
-            w.writerows(rows)
+        keep_rows(self.out / "metrics.csv", METRICS, before=self.version)
 
     # -- checkpoints -------------------------------------------------------------------
     def save(self) -> Path:
@@ -594,6 +587,33 @@ class Trainer:
         load_optimizer_state(model, self.optimizer, path / "optimizer.pt")
         self.version, self.counters = state["version"], self.counters | state["counters"]
         self._sync_policy()  # the next rollouts sample from the loaded weights, not the initial ones
+
+
+def keep_rows(path: Path, columns: tuple[str, ...], *, before: int) -> list[dict]:
+    """The rows of the CSV ``path`` whose ``version`` is below ``before``, the file rewritten
+    with only those (a resumed run redoes the rest); none when there is no file."""
+    if not path.exists():
+        return []
+    with path.open(newline="") as f:
+        rows = [r for r in csv.DictReader(f) if int(r["version"]) < before]
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        w.writerows(rows)
+    return rows
+
+
+def append_row(path: Path, columns: tuple[str, ...], row: dict) -> dict:
+    """Append ``row``'s ``columns`` to the CSV ``path`` (the header first; None as empty);
+    returns the row as the CSV's text values."""
+    new = not path.exists()
+    text = {k: "" if row.get(k) is None else str(row[k]) for k in columns}
+    with path.open("a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        if new:
+            w.writeheader()
+        w.writerow(text)
+    return text
 
 
 def plan(cfg: TrainConfig) -> dict[str, Any]:
