@@ -41,9 +41,9 @@ test: setup  ## Run the tests: pytest and every notebook with nbval side by side
 	@mkdir -p runs/test
 	@echo "notebooks (nbval) run alongside, logging to runs/test/nbval.log"
 	@OMP_NUM_THREADS=1 $(NBVAL) > runs/test/nbval.log 2>&1 & nb=$$!; \
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests; py=$$?; \
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest --durations=25 tests; py=$$?; \
 	wait $$nb; nbrc=$$?; \
-	if [ $$nbrc -eq 0 ]; then echo "== notebooks =="; tail -n 3 runs/test/nbval.log; else cat runs/test/nbval.log; fi; \
+	if [ $$nbrc -eq 0 ]; then echo "== notebooks (slowest cells) =="; grep -E "^[0-9.]+s call" runs/test/nbval.log | head -n 10; tail -n 1 runs/test/nbval.log; else cat runs/test/nbval.log; fi; \
 	echo "pytest exit $$py, notebooks exit $$nbrc"; [ $$py -eq 0 ] && [ $$nbrc -eq 0 ]
 
 fuzz: setup  ## The long property-based run of the model-output parsers (10,000 inputs each, about 7 min; docs/reliability.md)

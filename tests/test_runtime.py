@@ -272,6 +272,38 @@ def test_batcher_batches_concurrent_requests(tokenizer):
     assert sizes == [3, 3, 1] == batcher.batches and all(o.text == "ok" for o in outs)
 
 
+def test_an_interruption_in_a_batch_reaches_its_callers_and_the_batcher_serves_on(tokenizer):
+    """A ``BaseException`` raised by ``generate`` (an interrupt, pytest-timeout's ``Failed``)
+    ends the waiting callers' awaits instead of the flusher alone (a hang before), and the
+    next requests start a new flusher."""
+
+    class Interrupted(BaseException):
+        pass
+
+    class Once(ScriptedPolicy):
+        def __init__(self, *a):
+            super().__init__(*a)
+            self.failed = False
+
+        def generate(self, prompts, params):
+            if not self.failed:
+                self.failed = True
+                raise Interrupted()
+            return super().generate(prompts, params)
+
+    batcher = Batcher(Once(tokenizer, lambda p: "ok"), max_batch=3)
+
+    async def main():
+        from sera_core.policy.base import SamplingParams
+        calls = asyncio.gather(*(batcher.generate([1, 2, i], SamplingParams()) for i in range(3)))
+        return await asyncio.wait_for(calls, timeout=10)
+
+    with pytest.raises(Interrupted):
+        asyncio.run(main())
+    assert batcher._flusher is None
+    assert [o.text for o in asyncio.run(main())] == ["ok"] * 3
+
+
 # -- adversarial model output ---------------------------------------------------------------------
 
 BAD_RUBRICS = {

@@ -175,6 +175,39 @@ def test_continuous_batching_lets_a_late_request_join_and_gives_the_batch_tokens
     assert [g.token_ids for g in got] == [g.token_ids for g in engine.generate(prompts, params)]
 
 
+class Interrupted(BaseException):
+    """An interruption raised inside an engine step, as pytest-timeout's ``Failed`` or a
+    notebook's interrupt is: a ``BaseException``, not an ``Exception``."""
+
+
+def test_an_interruption_in_an_engine_step_reaches_every_waiting_caller(engine, hf, monkeypatch):
+    """Raised in the middle of ``engine.step``, the interruption ends every caller's await (the
+    driver once caught only ``Exception``, so it ended alone and the callers waited forever:
+    CI's 90 minutes ran out after a test's timeout fired there). Afterwards the policy serves
+    the next requests as before."""
+    prompts = [hf.chat_prompt([{"role": "user", "content": text}]) for text in ("Name three tools.", "Count to ten.")]
+    params = SamplingParams(temperature=0.0, max_new_tokens=8)
+    step = engine.engine.step
+    calls = []
+
+    def interrupted_second_step():
+        calls.append(1)
+        if len(calls) == 2:
+            raise Interrupted()
+        return step()
+
+    async def both():
+        return await asyncio.wait_for(asyncio.gather(*(engine.agenerate(p, params) for p in prompts)), timeout=60)
+
+    monkeypatch.setattr(engine.engine, "step", interrupted_second_step)
+    with pytest.raises(Interrupted):
+        asyncio.run(both())
+    monkeypatch.setattr(engine.engine, "step", step)
+    assert not engine._open and not engine._waiting and engine._driver is None
+    assert engine.engine.get_num_unfinished_requests() == 0  # the interrupted requests were aborted
+    assert [g.token_ids for g in asyncio.run(both())] == [g.token_ids for g in engine.generate(prompts, params)]
+
+
 def test_a_weight_push_reaches_the_engine_tied_embedding_included(engine, hf):
     """Perturbed weights pushed through the worker extension: the engine's greedy tokens and
     logprobs follow the perturbed hf model (its output layer tied to the embedding, which is

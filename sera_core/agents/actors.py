@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from sera_core.judges import JudgeStats
 from sera_core.policy.base import Generation, Policy, SamplingParams
 from sera_core.policy.chat import ChatFormat
-from sera_core.utils.aio import settle
+from sera_core.utils.aio import fail_waiting, settle
 
 CALL_KINDS = ("act", "rubric", "score")
 
@@ -94,19 +94,20 @@ class Batcher:
         return await future
 
     async def _flush(self) -> None:
-        while self._pending:
-            await settle(lambda: len(self._pending), self.settle, self.max_batch)
-            batch, self._pending = self._pending[:self.max_batch], self._pending[self.max_batch:]
-            self.batches.append(len(batch))
-            try:
-                outs = self.policy.generate([b[0] for b in batch], [b[1] for b in batch])
-            except Exception as exc:  # noqa: BLE001 - hand the failure to every waiting caller
-                for *_, fut in batch:
-                    fut.set_exception(exc)
-            else:
-                for (*_, fut), out in zip(batch, outs, strict=True):
-                    fut.set_result(out)
-        self._flusher = None
+        try:
+            while self._pending:
+                await settle(lambda: len(self._pending), self.settle, self.max_batch)
+                batch, self._pending = self._pending[:self.max_batch], self._pending[self.max_batch:]
+                self.batches.append(len(batch))
+                try:
+                    outs = self.policy.generate([b[0] for b in batch], [b[1] for b in batch])
+                except BaseException as exc:  # noqa: BLE001 - every waiting caller gets the failure (fail_waiting)
+                    fail_waiting([fut for *_, fut in batch], exc)
+                else:
+                    for (*_, fut), out in zip(batch, outs, strict=True):
+                        fut.set_result(out)
+        finally:
+            self._flusher = None
 
 
 class PolicyActor:

@@ -75,7 +75,7 @@ import torch
 
 from sera_core.policy.base import Generation, SamplingParams, json_object_closed, per_prompt
 from sera_core.policy.chat import chat_ids
-from sera_core.utils.aio import settle
+from sera_core.utils.aio import fail_waiting, settle
 from sera_core.utils.hardware import cpu_flags, native_bf16
 
 
@@ -254,10 +254,14 @@ class VLLMPolicy:
         jobs = [_Job(list(p), q) for p, q in zip(prompts, per_prompt(params, len(prompts)), strict=True)]
         if any(not j.prompt for j in jobs):
             raise ValueError("every prompt needs at least one token")
-        for job in jobs:
-            self._admit(job)
-        while any(j.result is None for j in jobs):
-            self._step()
+        try:
+            for job in jobs:
+                self._admit(job)
+            while any(j.result is None for j in jobs):
+                self._step()
+        except BaseException:
+            self._abandon()
+            raise
         return [j.result for j in jobs]  # type: ignore[misc]
 
     async def agenerate(self, prompt: list[int], params: SamplingParams, settle_rounds: int = 3) -> Generation:
@@ -276,14 +280,21 @@ class VLLMPolicy:
                 # every agent whose turn just ended submits its next
                 await settle(lambda: len(self._open) + len(self._waiting), settle_rounds)
                 self._step()
-        except Exception as exc:  # noqa: BLE001 - hand the failure to every waiting caller
-            for job in [*self._open.values(), *self._waiting]:
-                if job.future is not None and not job.future.done():
-                    job.future.set_exception(exc)
-            self._open.clear()
-            self._waiting.clear()
+        except BaseException as exc:  # noqa: BLE001 - every waiting caller gets the failure (fail_waiting)
+            fail_waiting([j.future for j in self._abandon() if j.future is not None], exc)
         finally:
             self._driver = None
+
+    def _abandon(self) -> list[_Job]:
+        """Drop every open and waiting job after a failure or an interruption, the engine's
+        requests aborted (else the next call's steps would run them on and return outputs no
+        job waits for); returns the dropped jobs."""
+        jobs = [*self._open.values(), *self._waiting]
+        if self._open:
+            self.engine.abort_request(list(self._open))
+        self._open.clear()
+        self._waiting.clear()
+        return jobs
 
     # -- requests ----------------------------------------------------------------------
     def _admit(self, job: _Job) -> None:

@@ -31,3 +31,18 @@ async def settle(count: Callable[[], int], rounds: int, limit: int | None = None
         await asyncio.sleep(0)
         quiet = quiet + 1 if count() == seen else 0
         seen = count()
+
+
+def fail_waiting(futures, exc: BaseException) -> None:
+    """Hand ``exc``, raised while serving a batch of requests, to every caller still waiting
+    on one of ``futures``, then re-raise it if it stops the program (Ctrl-C, ``SystemExit``).
+
+    Any ``BaseException`` is handed over, not only ``Exception``: an interruption raised in
+    the middle of an engine step (pytest-timeout's ``Failed``, a notebook's interrupt) would
+    otherwise end the serving task alone, and asyncio keeps such an exception on the task,
+    so the callers' futures would never resolve and the run would hang instead of failing."""
+    for future in futures:
+        if not future.done():
+            future.set_exception(exc)
+    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        raise exc
