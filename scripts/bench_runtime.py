@@ -17,6 +17,7 @@ import tempfile
 import time
 
 from sera_core.agents.actors import PolicyActor
+from sera_core.agents.corpus import default_tokenizer
 from sera_core.agents.runtime import Runtime, RuntimeConfig
 from sera_core.agents.summary import summarize
 from sera_core.envs.textcraft.expert import ExpertConfig as CraftExpert
@@ -25,7 +26,6 @@ from sera_core.envs.textworld.expert import ExpertConfig as WorldExpert
 from sera_core.envs.textworld.tasks import generate_split as world_split
 from sera_core.policy.expert import ExpertPolicy
 from sera_core.policy.tiny import TinyModelConfig, init_model
-from sera_core.tiny.corpus import default_tokenizer
 
 
 def timed(runtime: Runtime, tasks: list[dict], trees: int = 1) -> tuple[dict, float]:

@@ -41,8 +41,8 @@ from pathlib import Path
 
 import yaml
 
+from sera_core.agents.corpus import default_tokenizer
 from sera_core.policy.tiny import TinyModelConfig, init_model
-from sera_core.tiny.corpus import default_tokenizer
 from sera_core.train.config import CONFIGS, load_config
 
 MODEL = TinyModelConfig(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,

@@ -1,11 +1,11 @@
 """Curve 1 of the tiny experiment: the rubric stage on fixed branches, arms x seeds (not a test).
 
-Each (arm, seed) is one :class:`~sera_core.train.rubric_stage.RubricStage` run from the
+Each (arm, seed) is one :class:`~sera_core.tiny.rubric_stage.RubricStage` run from the
 shipped embedded policy (SmolLM2-135M-Instruct + its LoRA warm start) in ``OUT/<arm>_seed<s>``:
 the noisy expert's mixed counterfactual groups on medium *train*-world tasks are the training
 points, the policy writes each rubric and scores the 8 branches, and the held-out points (the
 34 mixed groups of the last 24 medium *val* tasks) are measured before, during and after.
-Arms (:data:`~sera_core.train.rubric_stage.ARMS`): ``rubric`` trains the rubric writer only
+Arms (:data:`~sera_core.tiny.rubric_stage.ARMS`): ``rubric`` trains the rubric writer only
 (SERA's rubric stage as specified), ``rubric_scorer`` also the scoring calls (the workbook's
 extension; the module docstring says why).
 
@@ -109,7 +109,7 @@ def figure(results: dict, path: Path) -> None:
 
 
 def main() -> None:
-    from sera_core.train.rubric_stage import ARMS, RubricStage, RubricStageConfig
+    from sera_core.tiny.rubric_stage import ARMS, RubricStage, RubricStageConfig
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--arms", nargs="+", default=["rubric_scorer"], choices=ARMS)

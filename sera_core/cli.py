@@ -239,9 +239,9 @@ def cmd_tables(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_tiny(args: argparse.Namespace) -> dict[str, Any]:
-    from sera_core.policy.models import EMBEDDED, is_adapter
     from dataclasses import replace
 
+    from sera_core.policy.models import EMBEDDED, is_adapter
     from sera_core.tiny.warmstart import SMALL_WARMSTART, WarmStartRecipe, build_adapter, read_manifest, write_manifest
 
     if args.action == "build":
@@ -309,7 +309,7 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_export(args: argparse.Namespace) -> dict[str, Any]:
-    from sera_core.train.trainer import export_checkpoint
+    from sera_core.policy.checkpoints import export_checkpoint
 
     return {"out": str(export_checkpoint(args.run, args.out))}
 

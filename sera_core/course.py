@@ -1,52 +1,21 @@
 """What the notebooks share, so each opens with a short setup cell and then its lesson.
 
-* :func:`pick_tasks`: task records of a benchmark's split by difficulty, family and count;
-* :func:`noisy_expert`: the scripted expert with seeded mistakes (failed branches to rank,
-  rewards that differ between trees);
+* :func:`pick_tasks` (from :mod:`sera_core.envs.registry`): task records of a benchmark's
+  split by difficulty, family and count;
+* :func:`noisy_expert` (from :mod:`sera_core.agents.actors`): the scripted expert with seeded
+  mistakes (failed branches to rank, rewards that differ between trees);
 * :func:`eval_row`: one row of an evaluation summary for a results table;
 * :func:`rollout_policy`: a run config's rollout policy on its starting model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-from sera_core.envs.registry import benchmark, record_value
+from sera_core.agents.actors import noisy_expert
+from sera_core.envs.registry import pick_tasks
 
-
-def pick_tasks(env: str, split: str | None = None, *, difficulty: str | Sequence[str] | None = None,
-               family: str | None = None, per_level: int | None = None, count: int | None = None) -> list[dict]:
-    """Generated task records of ``env``'s ``split`` (default: its evaluation split, TextCraft
-    val / TextWorld test), in file order: those of ``difficulty`` (one level or several) and
-    ``family`` (TextWorld), the first ``per_level`` of each level (levels in the order given),
-    then the first ``count`` of all."""
-    bench = benchmark(env)
-    records = bench.generate_split(split or bench.eval_split)
-    levels = (difficulty,) if isinstance(difficulty, str) else tuple(difficulty or bench.difficulties)
-    if family is not None:
-        records = [r for r in records if record_value(r, "task_family") == family]
-    if per_level is None:  # the file order across levels
-        picked = [r for r in records if record_value(r, "difficulty") in levels]
-    else:
-        picked = [r for level in levels for r in [r for r in records if record_value(r, "difficulty") == level][:per_level]]
-    return picked[:count]
-
-
-def noisy_expert(*, waste: float = 0.3, early_finish: float = 0.1, mistake: float = 0.15, tokenizer: Any = None):
-    """The delegating expert with seeded mistakes, on both benchmarks: TextCraft wastes a
-    craft with chance ``waste`` and gives up early with ``early_finish``; TextWorld uses a
-    wrong preparation with ``mistake`` and gives up early with ``early_finish / 2``. Each
-    agent's mistakes are seeded by the runtime, so the branches of a group differ. Ids in
-    ``tokenizer`` (default: the scripted policies' tokenizer)."""
-    from sera_core.envs.textcraft.expert import ExpertConfig as CraftConfig
-    from sera_core.envs.textworld.expert import ExpertConfig as WorldConfig
-    from sera_core.policy.expert import ExpertPolicy
-    from sera_core.tiny.corpus import default_tokenizer
-
-    return ExpertPolicy(tokenizer if tokenizer is not None else default_tokenizer(),
-                        textcraft=CraftConfig(mode="delegate", waste=waste, early_finish=early_finish),
-                        textworld=WorldConfig(mode="delegate", mistake=mistake, early_finish=early_finish / 2))
+__all__ = ["eval_row", "noisy_expert", "pick_tasks", "rollout_policy"]
 
 
 def eval_row(summary: dict[str, Any]) -> dict[str, Any]:
@@ -63,7 +32,7 @@ def rollout_policy(cfg: Any, *, dtype: str | None = None) -> Any:
     backend."""
     from dataclasses import replace
 
-    from sera_core.train.trainer import model_path
+    from sera_core.policy.checkpoints import model_path
 
     if cfg.backend == "vllm":
         from sera_core.policy.vllm_backend import VLLMPolicy

@@ -3,20 +3,27 @@
 At a rubric-generation delegation point SERA runs B = 8 counterfactual child branches
 on forked worlds, and each branch gets an *external* binary label y_b (SPEC 3). The
 ranking loss only compares branches that have a label, so a judge must be able to say
-"no label" as well as "success" or "failure". The judges here:
+"no label" as well as "success" or "failure". The judges:
 
-* :class:`TextCraftVerifier` - TextCraft-Synth's program checker, applied to a child
-  :class:`~sera_core.envs.textcraft.env.TextCraftEnv`: the verdict frozen when the
-  child's episode ended (net gain against the child's own start, after ``finish()``).
-* :class:`TextWorldVerifier` - our programmatic subtask checker for TextWorld-Sync
-  (:mod:`sera_core.envs.textworld.goals`): labels children whose goal is written in the
-  canonical form; any other goal gets no label.
-* :class:`LLMJudge` - the paper's TextWorld judge (Kimi in the paper): any
+* :class:`~sera_core.envs.textcraft.verifier.TextCraftVerifier` - TextCraft-Synth's
+  program checker, applied to a child :class:`~sera_core.envs.textcraft.env.TextCraftEnv`:
+  the verdict frozen when the child's episode ended (net gain against the child's own
+  start, after ``finish()``).
+* :class:`~sera_core.envs.textworld.verifier.TextWorldVerifier` - our programmatic subtask
+  checker for TextWorld-Sync (:mod:`sera_core.envs.textworld.goals`): labels children whose
+  goal is written in the canonical form; any other goal gets no label.
+* :class:`LLMJudge` (here) - the paper's TextWorld judge (Kimi in the paper): any
   OpenAI-compatible chat-completions endpoint, asked for strict JSON
-  ``{"success": bool, "reason": str}``, with retries, a response cache and token
-  accounting. It never raises: network errors and unparseable replies give no label.
-* :class:`CanonicalOrLLM` - TextWorld with an LLM judge configured (``judge: llm``): a
-  goal in the canonical form is checked by the program, any other by the LLM judge.
+  ``{"success": bool, "reason": str}`` about a goal, a trajectory and a final state, with
+  retries, a response cache and token accounting. It never raises: network errors and
+  unparseable replies give no label.
+* :class:`~sera_core.envs.textworld.verifier.CanonicalOrLLM` - TextWorld with an LLM judge
+  configured (``judge: llm``): a goal in the canonical form is checked by the program, any
+  other by the LLM judge on the child's rendered trajectory.
+
+This module knows no benchmark: the verdict and its counters (:class:`JudgeVerdict`,
+:class:`JudgeStats`, :class:`CountingJudge`) and the LLM judge; each benchmark's checker lives
+with its benchmark and builds on them.
 
 The benchmark registry builds the judge a config names
 (:meth:`sera_core.envs.registry.Benchmark.make_judge`;
@@ -41,8 +48,9 @@ TextWorld the judge's input tokens): every judge keeps a :class:`JudgeStats` in
   ``usage.completion_tokens`` (estimated when the endpoint omits them; see
   :class:`LLMJudge`); program judges spend none.
 
-Every judge returns the same verdict type and shares its counters (Table 2's cost); the
-program checkers and the HTTP judge are kept together for that.
+Every judge returns the same verdict type and keeps the same counters (Table 2's cost). A
+judge that may wait on a network says so with ``remote = True``: the runtime calls it off the
+event loop.
 """
 
 from __future__ import annotations
@@ -61,20 +69,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sera_core.envs.textcraft.env import CheckResult
-from sera_core.envs.textworld import goals as tw_goals
 from sera_core.utils.text import truncate_middle
 
 __all__ = [
-    "CanonicalOrLLM",
+    "CountingJudge",
     "JudgeStats",
     "JudgeVerdict",
     "LLMJudge",
     "LLMJudgeConfig",
-    "TextCraftVerifier",
-    "TextWorldVerifier",
     "parse_judge_output",
-    "render_textworld_trajectory",
     "truncate_middle",
 ]
 
@@ -118,8 +121,9 @@ class JudgeStats:
         return asdict(self)
 
 
-class _Judge:
-    """Shared bookkeeping: a name, stats and the lock that guards them."""
+class CountingJudge:
+    """What every judge shares: a name, its :class:`JudgeStats` and the lock that guards them
+    (the base of the program checkers and of :class:`LLMJudge`)."""
 
     name = "judge"
 
@@ -145,49 +149,6 @@ class _Judge:
         """A consistent copy of the counters."""
         with self._lock:
             return self.stats.as_dict()
-
-
-# -- program judges --------------------------------------------------------------------------
-
-class TextCraftVerifier(_Judge):
-    """TextCraft-Synth's program checker as a branch judge (one call per branch, no tokens).
-
-    ``judge(env)`` reads the child's verdict frozen when its episode ended
-    (``env.state.verdict``: the net gain *then*, before a parent consumed its
-    products); if the episode has not ended it falls back to the live ``env.check()``.
-    """
-
-    name = "textcraft_verifier"
-
-    def judge(self, env: Any) -> JudgeVerdict:
-        frozen = env.state.verdict
-        if frozen is not None:
-            result, note = CheckResult(**frozen), ""
-        else:
-            result, note = env.check(), " (live check: the episode has not ended)"
-        verdict = JudgeVerdict(bool(result.passed), result.reason + note, self.name)
-        return self._record(verdict)
-
-
-class TextWorldVerifier(_Judge):
-    """TextWorld-Sync's programmatic subtask checker as a branch judge.
-
-    ``judge(env)`` checks the child's goal (``env.state.goal``) on its world
-    (``env.world``, after the child ran) with :func:`goals.check_goal`. A goal that is
-    not in the canonical form gets ``success=None`` (never a label); it still counts as
-    a call, and in ``unlabeled``, but not as a failure.
-    """
-
-    name = "textworld_verifier"
-
-    def judge(self, env: Any) -> JudgeVerdict:
-        goal = env.state.goal
-        verdict = tw_goals.check_goal(goal, env.world)
-        if verdict == tw_goals.UNKNOWN:
-            return self._record(JudgeVerdict(None, "goal is not canonical; no label", self.name))
-        ok = verdict == tw_goals.SUCCESS
-        reason = f"goal {'met' if ok else 'not met'}: {goal}"
-        return self._record(JudgeVerdict(ok, reason, self.name))
 
 
 # -- the LLM judge -----------------------------------------------------------------------------
@@ -237,21 +198,6 @@ def parse_judge_output(content: Any) -> tuple[bool, str] | None:
     return obj["success"], obj["reason"]
 
 
-def render_textworld_trajectory(env: Any) -> tuple[str, str]:
-    """``(trajectory, final_state)`` texts of a TextWorld-Sync agent, for :meth:`LLMJudge.judge`."""
-    turns = []
-    for i, turn in enumerate(env.state.history, 1):
-        turns.append(f"[turn {i}] agent:\n{turn['reply'].strip()}\n"
-                     f"[turn {i}] environment:\n{turn['observation'].strip()}")
-    with env.world.lock:
-        final_state = env.world.observe(env.state.location)
-    if env.state.finished:
-        final_state += f"\nThe agent finished with the message: {env.state.finish_message}"
-    else:
-        final_state += "\nThe agent did not finish (it ran out of turns)."
-    return "\n\n".join(turns), final_state
-
-
 @dataclass(frozen=True)
 class LLMJudgeConfig:
     """How to reach an OpenAI-compatible chat-completions endpoint used as a judge."""
@@ -288,7 +234,7 @@ class _RequestError(Exception):
         self.attempts = 1
 
 
-class LLMJudge(_Judge):
+class LLMJudge(CountingJudge):
     """An LLM judge over any OpenAI-compatible ``/chat/completions`` endpoint.
 
     ``judge(goal, trajectory, final_state)`` sends a short system + user prompt asking
@@ -314,6 +260,9 @@ class LLMJudge(_Judge):
     that records the delays. Counters and the cache are guarded by a lock, so branches
     may be judged from several threads.
     """
+
+    remote = True
+    """It waits on an endpoint: the runtime calls it off the event loop."""
 
     def __init__(self, config: LLMJudgeConfig, *, sleep: Callable[[float], None] = time.sleep):
         super().__init__()
@@ -409,11 +358,6 @@ class LLMJudge(_Judge):
                             "prompt_tokens": input_tokens, "completion_tokens": output_tokens})
         return self._record(JudgeVerdict(success, reason, self.name, input_tokens, output_tokens), requests=requests)
 
-    def judge_env(self, env: Any) -> JudgeVerdict:
-        """Judge a TextWorld-Sync agent (``env.state.goal``, its history and final view)."""
-        trajectory, final_state = render_textworld_trajectory(env)
-        return self.judge(env.state.goal, trajectory, final_state)
-
     # -- HTTP ---------------------------------------------------------------------------------
     def _headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
@@ -489,27 +433,3 @@ class LLMJudge(_Judge):
         except (json.JSONDecodeError, UnicodeDecodeError):
             data = {"choices": [{"message": {"content": None}}], "_raw": raw[:300].decode("utf-8", "replace")}
         return data if isinstance(data, dict) else {"_raw": str(data)[:300]}
-
-
-# -- the judge a config names -----------------------------------------------------------------
-
-class CanonicalOrLLM:
-    """TextWorld's labels with an LLM judge configured: the program checker for a goal in
-    the canonical form (exact and free), the LLM judge for any other goal (which the
-    program alone leaves unlabelled). ``stats_snapshot()`` adds both judges' counters;
-    ``llm`` holds the LLM judge's own (Table 2 counts its calls and input tokens)."""
-
-    name = "textworld_verifier+llm"
-
-    def __init__(self, program: TextWorldVerifier, llm: LLMJudge):
-        self.program, self.llm = program, llm
-
-    def judge(self, env: Any) -> JudgeVerdict:
-        verdict = self.program.judge(env)
-        return verdict if verdict.success is not None else self.llm.judge_env(env)
-
-    judge_env = judge  # judged from an env, like :meth:`LLMJudge.judge_env`
-
-    def stats_snapshot(self) -> dict[str, int]:
-        a, b = self.program.stats_snapshot(), self.llm.stats_snapshot()
-        return {k: a[k] + b[k] for k in a}

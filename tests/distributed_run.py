@@ -13,6 +13,10 @@ from-scratch fixture model as the trained model:
 
 The main process writes ``OUT/result.json`` (each update's loss statistics, the datums and
 the trained tokens) and ``OUT/weights.pt`` (every parameter after the five updates).
+
+``python tests/distributed_run.py OUT failing-save`` instead saves once where the main process
+cannot write (a file stands where ``checkpoint.tmp`` goes): each process writes the error it
+raised to ``OUT/save.<rank>.txt``.
 """
 
 from __future__ import annotations
@@ -32,15 +36,35 @@ from sera_core.train.trainer import Trainer
 from sera_core.utils.jsonio import write_jsonl
 
 
-def main(out: Path) -> None:
+def config(out: Path, tasks: Path):
+    return load_config(CONFIGS / "textcraft" / "sera_tiny.yaml", model=str(ASSETS), backend="hf", tasks=str(tasks),
+                       tasks_per_step=5, trees_per_task=2, schedule="execution:1,delegation:1,rubric_generation:1",
+                       counterfactual=4, fork_cap=8, max_new_tokens=256, max_steps_per_agent=6,
+                       micro_batch_tokens=2048, total_updates=5, checkpoint_every=5, filter_zero_variance=False,
+                       mixed_precision="no", out=str(out / "run"))  # float32: 3 processes = 1
+
+
+def failing_save(out: Path, tasks: Path) -> None:
+    trainer = Trainer(config(out, tasks), progress=False)
+    rank = trainer.part[0]
+    if trainer.accelerator.is_main_process:
+        trainer.out.mkdir(parents=True, exist_ok=True)
+        (trainer.out / "checkpoint.tmp").write_text("a file where the checkpoint's folder goes")
+    try:
+        trainer.save()
+        said = "saved"
+    except OSError as exc:
+        said = str(exc)
+    (out / f"save.{rank}.txt").write_text(said)
+
+
+def main(out: Path, mode: str = "train") -> None:
     tasks = out / f"tasks.{torch.distributed.get_rank() if torch.distributed.is_initialized() else 0}.jsonl"
     out.mkdir(parents=True, exist_ok=True)
     write_jsonl(tasks, [t for t in generate_split("train") if t["misc"]["difficulty"] == "medium"][:5])
-    cfg = load_config(CONFIGS / "textcraft" / "sera_tiny.yaml", model=str(ASSETS), backend="hf", tasks=str(tasks), tasks_per_step=5,
-                      trees_per_task=2, schedule="execution:1,delegation:1,rubric_generation:1", counterfactual=4,
-                      fork_cap=8, max_new_tokens=256, max_steps_per_agent=6, micro_batch_tokens=2048, total_updates=5,
-                      checkpoint_every=5, filter_zero_variance=False, mixed_precision="no",  # float32: 3 processes = 1
-                      out=str(out / "run"))
+    if mode == "failing-save":
+        return failing_save(out, tasks)
+    cfg = config(out, tasks)
     trainer = Trainer(cfg, progress=False)
     expert = ExpertPolicy(trainer.tokenizer, textcraft=NOISY_CRAFT)
     updates = []
@@ -60,4 +84,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), *sys.argv[2:])

@@ -34,7 +34,8 @@ def test_the_noisy_expert_makes_seeded_mistakes_on_both_benchmarks():
     assert [r.tree.root_reward for r in noisy] == [r.tree.root_reward for r in again]  # seeded
     assert len({r.tree.root_reward for r in noisy}) == 2  # some trees fail: rewards differ between trees
     expert = noisy_expert(mistake=0.4)
-    assert expert.textworld.mistake == 0.4 and expert.textworld.early_finish == 0.05 and expert.textcraft.waste == 0.3
+    world, craft = expert.configs["textworld"], expert.configs["textcraft"]
+    assert world.mistake == 0.4 and world.early_finish == 0.05 and craft.waste == 0.3
 
 
 def test_eval_row_reads_a_summary():
@@ -52,3 +53,15 @@ def test_rollout_policy_follows_the_configs_backend():
 
     policy = rollout_policy(load_config("textcraft/sera_tiny.yaml", backend="hf", model=str(ASSETS)))
     assert isinstance(policy, HFPolicy) and policy.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_new_tokens=2))
+
+
+def test_expert_configs_are_given_by_benchmark_name_and_default_to_the_registrys():
+    from sera_core.agents.corpus import default_tokenizer
+    from sera_core.envs.registry import BENCHMARKS
+    from sera_core.policy.expert import ExpertPolicy
+
+    with pytest.raises(ValueError, match="no benchmark named minecraft"):
+        ExpertPolicy(default_tokenizer(), minecraft=None)
+    explained = ExpertPolicy(default_tokenizer(), explain=True)
+    assert set(explained.configs) == set(BENCHMARKS) and explained.configs["textcraft"].explain
+    assert explained.configs["textworld"] == BENCHMARKS["textworld"].expert_config()

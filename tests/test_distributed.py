@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from sera_core.agents.corpus import default_tokenizer
 from sera_core.policy.tiny import TinyModelConfig, init_model
-from sera_core.tiny.corpus import default_tokenizer
 from sera_core.train.update import TokenRow, loss_and_backward, micro_batches, process_share
 
 RUN = Path(__file__).parent / "distributed_run.py"
@@ -107,6 +107,21 @@ def test_three_processes_train_like_one(tmp_path):
     for name in w1:
         torch.testing.assert_close(w3[name], w1[name], rtol=1e-4, atol=1e-6, msg=name)
     assert (tmp_path / "three" / "run" / "checkpoint" / "state.json").exists()
+
+
+@pytest.mark.timeout(600)
+def test_a_checkpoint_write_that_fails_on_the_main_process_fails_every_process(tmp_path):
+    """Two processes save; the main one cannot write. Both raise the same error naming the
+    checkpoint of update 0 (before: the main one raised before the closing barrier and the
+    other waited there for ever, until the subprocess timeout)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(RUN),
+           str(tmp_path), "failing-save"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = [(tmp_path / f"save.{rank}.txt").read_text() for rank in (0, 1)]
+    assert said[0] == said[1]
+    assert "could not write the checkpoint of update 0" in said[0] and "there is no earlier one" in said[0]
 
 
 def _fsdp(out: Path, processes: int, steps: int, resume: Path | None = None) -> dict:

@@ -27,7 +27,7 @@ def stand_in(tmp_path_factory) -> Path:
     """A 2-layer Llama base with the scripted policies' tokenizer (ChatML), saved as an HF folder."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from sera_core.tiny.corpus import default_tokenizer
+    from sera_core.agents.corpus import default_tokenizer
 
     tok = default_tokenizer()
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -187,8 +187,9 @@ def test_sera_train_on_an_adapter_trains_and_checkpoints_only_the_adapter(adapte
     from safetensors.torch import load_file
 
     from sera_core.envs.textcraft.tasks import generate_split
+    from sera_core.policy.checkpoints import checkpoint_policy
     from sera_core.train.config import CONFIGS, load_config
-    from sera_core.train.trainer import Trainer, checkpoint_policy
+    from sera_core.train.trainer import Trainer
     from sera_core.utils.jsonio import write_jsonl
 
     tasks = tmp_path / "easy.jsonl"

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
+from sera_core.agents.corpus import default_tokenizer
 from sera_core.envs.textcraft import expert as tc_expert
 from sera_core.eval.evaluator import EvalConfig, EvalError, evaluate, merge, shard_file
 from sera_core.policy.expert import ExpertPolicy
-from sera_core.tiny.corpus import default_tokenizer
 from sera_core.utils.jsonio import read_jsonl
 
 
@@ -139,11 +139,10 @@ def test_an_llm_judge_labels_children_in_evaluation_and_is_recorded(tokenizer, t
     from http_endpoint import Endpoint
 
     from sera_core.cli import main
-
+    from sera_core.envs.registry import benchmark
     from sera_core.envs.textworld.expert import ExpertConfig as WorldConfig
     from sera_core.envs.textworld.tasks import generate_split
-    from sera_core.envs.registry import benchmark
-    from sera_core.judges import CanonicalOrLLM
+    from sera_core.envs.textworld.verifier import CanonicalOrLLM
 
     records = [t for t in generate_split("test") if t["difficulty"] == "easy"][:2]
     actor = ExpertPolicy(tokenizer, textworld=WorldConfig(mode="delegate", split_dishes="always"))

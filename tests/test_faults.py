@@ -94,7 +94,7 @@ def test_a_killed_training_run_resumes_to_the_uninterrupted_weights_and_metrics(
     """``sera train`` killed (SIGKILL) at seeded points of a 4-update run, then ``--resume``d
     until it finishes: the final weights and every metrics row equal the uninterrupted run's
     (rows past the last checkpoint are replayed, never doubled)."""
-    from sera_core.train.trainer import read_checkpoint
+    from sera_core.policy.checkpoints import read_checkpoint
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     schedule = "execution:2,delegation:1,rubric_generation:1"
@@ -141,7 +141,7 @@ def test_a_checkpoint_write_that_fails_keeps_the_previous_checkpoint_and_says_wh
     exit 2 with one JSON line naming the checkpoint and the kept update; the previous
     checkpoint is whole (its hashes check) and no half-written folder is left; a rerun
     without the limit resumes from it."""
-    from sera_core.train.trainer import read_checkpoint
+    from sera_core.policy.checkpoints import read_checkpoint
 
     cfg = _train_config(tmp_path, tmp_path / "run")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

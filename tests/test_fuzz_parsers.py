@@ -29,7 +29,7 @@ from sera_core.agents.roles import launch_spans, overlap_mask, roles_for, token_
 from sera_core.envs.textcraft.env import extract_code  # noqa: E402
 from sera_core.envs.textcraft.sandbox import _prepare  # noqa: E402
 from sera_core.envs.textworld.protocol import MAX_DELEGATIONS, parse_reply  # noqa: E402
-from sera_core.rubrics import MAX_ITEMS, MIN_ITEMS, Parsed, Rubric, Score, parse_rubric, parse_score  # noqa: E402
+from sera_core.rubrics import MAX_ITEMS, MIN_ITEMS, Parsed, Rubric, parse_rubric, parse_score  # noqa: E402
 
 EXAMPLES = int(os.environ.get("SERA_FUZZ_EXAMPLES", "200"))
 settings.register_profile("sera", max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,

@@ -8,12 +8,12 @@ import json
 import pytest
 
 from sera_core.agents.actors import PolicyActor
+from sera_core.agents.corpus import default_tokenizer
 from sera_core.agents.runtime import Runtime, RuntimeConfig
 from sera_core.course import noisy_expert, pick_tasks
 from sera_core.eval.points import heldout_points, point_metrics
 from sera_core.policy.base import Generation, per_prompt
 from sera_core.policy.chat import ChatFormat
-from sera_core.tiny.corpus import default_tokenizer
 
 
 @pytest.fixture(scope="module")

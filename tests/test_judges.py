@@ -13,17 +13,17 @@ from http_endpoint import GOOD, Endpoint, completion
 from textworld_records import make_record
 
 from sera_core.envs.textcraft.env import CraftWorld, TextCraftEnv
+from sera_core.envs.textcraft.verifier import TextCraftVerifier
 from sera_core.envs.textcraft.world import Recipe, RecipeBook
 from sera_core.envs.textworld.env import TextWorldEnv
 from sera_core.envs.textworld.goals import goal_for_dish, goal_for_ingredient
+from sera_core.envs.textworld.verifier import CanonicalOrLLM, TextWorldVerifier
 from sera_core.envs.textworld.world import SyncWorld
 from sera_core.judges import (
     JudgeStats,
     JudgeVerdict,
     LLMJudge,
     LLMJudgeConfig,
-    TextCraftVerifier,
-    TextWorldVerifier,
     parse_judge_output,
     truncate_middle,
 )
@@ -291,9 +291,9 @@ def test_concurrent_judging_keeps_exact_counts(endpoint, make_judge):
     assert judge.stats == JudgeStats(calls=40, requests=40, input_tokens=440, output_tokens=200)
 
 
-def test_judge_env_renders_a_textworld_child(endpoint, make_judge):
-    child = run_child(CARROT, ["take carrot", "dice carrot", "cook carrot on grill"])
-    assert make_judge().judge_env(child).success is True
+def test_a_free_form_goal_goes_to_the_llm_with_the_rendered_textworld_child(endpoint, make_judge):
+    child = run_child(f"{CARROT}, nicely", ["take carrot", "dice carrot", "cook carrot on grill"])  # no canonical form
+    assert CanonicalOrLLM(TextWorldVerifier(), make_judge()).judge(child).success is True
     user = endpoint.received[0]["body"]["messages"][1]["content"]
     assert CARROT in user and "<action>dice carrot</action>" in user
     assert "carrot (grilled, diced)" in user and "finished with the message: done" in user
@@ -310,7 +310,6 @@ def test_a_configured_llm_judge_labels_free_form_goals_and_the_program_the_canon
     """``judge: llm`` on TextWorld: canonical goals stay with the program checker (no
     request), free-form goals go to the endpoint; both are counted."""
     from sera_core.envs.registry import benchmark
-    from sera_core.judges import CanonicalOrLLM, TextCraftVerifier
 
     def judge_for(env, kind="program", **options):
         return benchmark(env).make_judge(kind, **options)

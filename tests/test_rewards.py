@@ -6,17 +6,17 @@ from dataclasses import replace
 
 import pytest
 
+from sera_core.agents.corpus import default_tokenizer
 from sera_core.agents.points import Branch, DelegationPoint
 from sera_core.agents.runtime import Runtime, RuntimeConfig
 from sera_core.agents.tree import Tree, Turn
-from sera_core.rubrics import RankingResult, Score
 from sera_core.envs.textcraft import expert as tc_expert
 from sera_core.policy.expert import ExpertPolicy
-from sera_core.tiny.corpus import default_tokenizer
 from sera_core.rewards import Datum
 from sera_core.rewards.execution import execution_datums
 from sera_core.rewards.leaf_credit import leaf_datums
 from sera_core.rewards.rubric_ranking import group_spread, kept_points, rubric_datums
+from sera_core.rubrics import RankingResult, Score
 from sera_core.train.advantages import (
     depth_weighted,
     execution_advantages,

@@ -1,4 +1,4 @@
-"""The rubric stage on fixed branches (sera_core/train/rubric_stage.py): the scorer's share of
+"""The rubric stage on fixed branches (sera_core/tiny/rubric_stage.py): the scorer's share of
 the hinge terms, its leave-one-out advantages, and one resumable run on the embedded policy."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from sera_core.agents.runtime import Runtime
 from sera_core.course import noisy_expert, pick_tasks
 from sera_core.eval.points import heldout_points
 from sera_core.rubrics import Score, ranking_loss
-from sera_core.train.rubric_stage import RubricStageConfig, branch_rewards, score_advantages
+from sera_core.tiny.rubric_stage import RubricStageConfig, branch_rewards, score_advantages
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +93,8 @@ def test_a_run_trains_both_calls_and_resumes_after_an_interruption(tmp_path):
     """The embedded policy on vLLM: one point per update, one held-out point. Stopped after
     its first update and started again, the run continues at update 1 (the checkpoint's
     version), measures once at the end, and no row is written twice."""
-    from sera_core.train.rubric_stage import RubricStage
-    from sera_core.train.trainer import read_checkpoint
+    from sera_core.policy.checkpoints import read_checkpoint
+    from sera_core.tiny.rubric_stage import RubricStage
 
     cfg = RubricStageConfig(seed=3, updates=2, points_per_update=1, pool_tasks=4, eval_every=2, heldout_tasks=1,
                             heldout_limit=1, score_calls=2, kv_cache_gib=2.0, out=str(tmp_path / "run"),

@@ -8,22 +8,22 @@ import json
 from dataclasses import replace
 
 import pytest
+from textworld_records import make_record
 
 from sera_core.agents.actors import Batcher, PolicyActor
+from sera_core.agents.corpus import default_tokenizer
 from sera_core.agents.runtime import Runtime, RuntimeConfig, looping
 from sera_core.agents.summary import read_points, summarize, write_rollouts
 from sera_core.agents.tree import ROLES, dumps_tree, read_trees, subtree
 from sera_core.envs.textcraft import expert as tc_expert
 from sera_core.envs.textworld import expert as tw_expert
+from sera_core.envs.textworld.expert import expert_rubric as textworld_rubric
 from sera_core.envs.textworld.tasks import TaskConfig as WorldTaskConfig
 from sera_core.envs.textworld.tasks import make_task, seed_for
 from sera_core.policy.base import Generation, per_prompt
 from sera_core.policy.chat import ChatFormat
-from sera_core.envs.textworld.expert import expert_rubric as textworld_rubric
 from sera_core.policy.expert import ExpertPolicy
-from sera_core.tiny.corpus import default_tokenizer
 from sera_core.rubrics import GLOBAL_RUBRIC
-from textworld_records import make_record
 
 
 @pytest.fixture(scope="module")

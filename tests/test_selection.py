@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from sera_core.agents.corpus import default_tokenizer
 from sera_core.agents.runtime import Runtime, RuntimeConfig, pick_candidate
 from sera_core.agents.tree import Tree, graft, subtree
 from sera_core.envs.textcraft import expert as tc_expert
@@ -11,7 +12,6 @@ from sera_core.envs.textworld import expert as tw_expert
 from sera_core.envs.textworld.tasks import TaskConfig as WorldTaskConfig
 from sera_core.envs.textworld.tasks import make_task, seed_for
 from sera_core.policy.expert import ExpertPolicy
-from sera_core.tiny.corpus import default_tokenizer
 
 
 @pytest.fixture(scope="module")

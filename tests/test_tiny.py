@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from sera_core.agents.corpus import corpus
 from sera_core.agents.tree import ROLES
+from sera_core.envs.textcraft.world import WorldConfig, generate_world
 from sera_core.policy.chat import ChatFormat
 from sera_core.policy.tiny import train_tokenizer
-from sera_core.tiny.corpus import corpus
-from sera_core.envs.textcraft.world import WorldConfig, generate_world
 from sera_core.tiny.demos import (
     DemoConfig,
     copy_drills,

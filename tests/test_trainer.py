@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from sera_core.policy.checkpoints import CheckpointError
 from sera_core.tiny.recipe import ASSETS
 from sera_core.train.config import CONFIGS, load_config
-from sera_core.train.trainer import METRICS, CheckpointError, Trainer
+from sera_core.train.trainer import METRICS, Trainer
 from sera_core.utils.jsonio import write_jsonl
 
 GOLDEN = Path(__file__).parent / "golden" / "train_tiny.json"
@@ -132,8 +133,8 @@ def test_a_trained_checkpoint_evaluates_and_exports(reference, tmp_path):
     import torch
     from safetensors.torch import load_file
 
+    from sera_core.policy.checkpoints import checkpoint_policy, export_checkpoint
     from sera_core.policy.hf import HFPolicy
-    from sera_core.train.trainer import checkpoint_policy, export_checkpoint
 
     tmp, cfg = reference
     saved = load_file(str(tmp / "run" / "checkpoint" / "model.safetensors"))

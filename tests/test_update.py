@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from sera_core.agents.corpus import default_tokenizer
 from sera_core.agents.tree import Tree, Turn
 from sera_core.policy.tiny import TinyModelConfig, init_model
-from sera_core.tiny.corpus import default_tokenizer
 from sera_core.rewards import Datum
 from sera_core.train.advantages import Advantage
 from sera_core.train.update import TokenRow, loss_and_backward, micro_batches, rescored, sequence_logprobs, token_rows

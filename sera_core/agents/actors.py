@@ -184,6 +184,22 @@ def as_actor(policy: Any, *, max_batch: int = 64) -> Any:
     return policy if hasattr(policy, "complete") else PolicyActor(policy, max_batch=max_batch)
 
 
+def noisy_expert(*, waste: float = 0.3, early_finish: float = 0.1, mistake: float = 0.15, tokenizer: Any = None):
+    """The delegating expert with seeded mistakes, on both benchmarks: TextCraft wastes a
+    craft with chance ``waste`` and gives up early with ``early_finish``; TextWorld uses a
+    wrong preparation with ``mistake`` and gives up early with ``early_finish / 2``. Each
+    agent's mistakes are seeded by the runtime, so the branches of a group differ. Ids in
+    ``tokenizer`` (default: the scripted policies' tokenizer)."""
+    from sera_core.agents.corpus import default_tokenizer
+    from sera_core.envs.textcraft.expert import ExpertConfig as CraftConfig
+    from sera_core.envs.textworld.expert import ExpertConfig as WorldConfig
+    from sera_core.policy.expert import ExpertPolicy
+
+    return ExpertPolicy(tokenizer if tokenizer is not None else default_tokenizer(),
+                        textcraft=CraftConfig(mode="delegate", waste=waste, early_finish=early_finish),
+                        textworld=WorldConfig(mode="delegate", mistake=mistake, early_finish=early_finish / 2))
+
+
 def make_actor(spec: str, *, max_batch: int = 64, noise: float = 0.0, tokenizer: str | None = None) -> Any:
     """The actor a policy spec names (the CLI's ``--policy``, a notebook's ``POLICY``):
 
@@ -203,10 +219,10 @@ def make_actor(spec: str, *, max_batch: int = 64, noise: float = 0.0, tokenizer:
     Token-level policies are batched (``hf``: ``max_batch`` sequences per call; ``vllm``:
     continuously). A spec that names nothing loadable raises ValueError saying what was expected."""
     if spec == "expert":
+        from sera_core.agents.corpus import default_tokenizer
         from sera_core.envs.textcraft.expert import ExpertConfig as CraftConfig
         from sera_core.envs.textworld.expert import ExpertConfig as WorldConfig
         from sera_core.policy.expert import ExpertPolicy
-        from sera_core.tiny.corpus import default_tokenizer
 
         if tokenizer:
             from transformers import AutoTokenizer
@@ -234,7 +250,7 @@ def make_actor(spec: str, *, max_batch: int = 64, noise: float = 0.0, tokenizer:
         from sera_core.policy.hf import HFPolicy
 
         if checkpoint is not None:
-            from sera_core.train.trainer import checkpoint_policy  # a run's checkpoint: loaded by the trainer's rules
+            from sera_core.policy.checkpoints import checkpoint_policy  # a run's checkpoint
 
             return PolicyActor(checkpoint_policy(checkpoint), max_batch=max_batch)
         return PolicyActor(HFPolicy(path), max_batch=max_batch)
@@ -242,6 +258,6 @@ def make_actor(spec: str, *, max_batch: int = 64, noise: float = 0.0, tokenizer:
 
     if checkpoint is None:
         return PolicyActor(VLLMPolicy(path), max_batch=max_batch)
-    from sera_core.train.trainer import checkpoint_engine
+    from sera_core.policy.checkpoints import checkpoint_engine
 
     return PolicyActor(checkpoint_engine(checkpoint), max_batch=max_batch)

@@ -104,7 +104,7 @@ class DelegationPoint:
     rewritten: Turn | None = None
     """After :meth:`~sera_core.agents.runtime.Runtime.rescore` with ``keep_turn``: the policy's call that wrote
     :attr:`rubric` again (its tokens and logprobs: what the rubric stage on fixed branches
-    trains, :mod:`sera_core.train.rubric_stage`). None in a rollout's point, whose rubric
+    trains, :mod:`sera_core.tiny.rubric_stage`). None in a rollout's point, whose rubric
     call is the parent's turn :attr:`rubric_turn`; serialised only when set."""
 
     @property

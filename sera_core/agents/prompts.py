@@ -7,7 +7,9 @@ told they cannot delegate (SPEC 1). Rubric and scoring calls are fresh single-me
 contexts built here (:func:`build_rubric_prompt` from :class:`RubricInputs`, and
 :func:`build_score_prompt`), under their own system messages; long sections are cut in the
 middle (:func:`sera_core.utils.text.truncate_middle`, shared with the LLM judge). Every
-prompt text of the runtime lives in this module;
+prompt text of the runtime lives in this module but each benchmark's agent interface (its
+introduction, tools or reply blocks, and delegation tool: ``agent_intro``, ``agent_tools``,
+``delegate_tool`` of its class in :mod:`sera_core.envs.registry`);
 :mod:`sera_core.rubrics` parses what comes back.
 
 The wording is ours; the structure (CodeAct tools, one block per TextWorld reply, the
@@ -19,52 +21,21 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from sera_core.envs.registry import BENCHMARKS
 from sera_core.rubrics import MAX_ITEMS, MIN_ITEMS, Rubric
 from sera_core.utils.text import truncate_middle
 
-TEXTCRAFT_TOOLS = (
-    "get_info(items: list) -> list[dict]  # item, can_craft, is_base, in_inventory, crafting_depth, recipes\n"
-    "view_inventory() -> dict\n"
-    "craft(ingredients: dict, target: tuple[str, int]) -> str  # exact total ingredients for `count` units; "
-    "count a multiple of the recipe's result count\n"
-    "finish(message: str) -> str  # end your episode with a report"
-)
-TEXTCRAFT_LAUNCH = (
-    "await launch_subagent(targets: dict, context: str = '') -> str  # a child agent crafts `targets` "
-    "on the shared inventory; several at once with asyncio.gather"
-)
-TEXTWORLD_BLOCKS = (
-    "<action>command</action>  # go to <room>, take <item>, read cookbook, chop|slice|dice <item>, "
-    "cook <item> in stove|oven, cook <item> on grill, open door, prepare <dish>, eat <dish>, inventory\n"
-    "<finish>message</finish>  # end your episode with a report"
-)
-TEXTWORLD_DELEGATE = (
-    '<delegate>{"goal": "..."}</delegate> or <delegate>{"delegations": [{"goal": "...", "max_steps": n}, ...]}'
-    "</delegate>  # child agents work on the shared world; their reports come back as [SubAgent Results]"
-)
 RUBRIC_SYSTEM = ("You write grading rubrics for delegated subtasks. You never see the sub-agent's future work. "
                  "Reply with one JSON object only.")
 SCORE_SYSTEM = ("You grade a sub-agent's work strictly against a frozen rubric, using only the trajectory and the "
                 "final environment state. Reply with one JSON object only.")
 
 
-AGENT_INTERFACE: dict[str, tuple[str, str, str]] = {
-    "textcraft": (
-        "You craft items in TextCraft. Each turn, reply with <thought>...</thought> then <python>...</python>; the "
-        "code runs in a persistent Python session (top-level await allowed) and its printed output is your next "
-        "observation. Tools:\n", TEXTCRAFT_TOOLS, TEXTCRAFT_LAUNCH),
-    "textworld": (
-        "You cook in a shared TextWorld kitchen with other agents. Each turn, think briefly, then reply with "
-        "exactly one block:\n", TEXTWORLD_BLOCKS, TEXTWORLD_DELEGATE),
-}
-"""Per benchmark: the agent's introduction, its tools (or blocks), and the delegation tool
-(shown only to agents that may delegate)."""
-
-
 def tools_text(env: str, can_delegate: bool) -> str:
-    """The tools (TextCraft) or blocks (TextWorld) an agent has."""
-    _, tools, delegate = AGENT_INTERFACE[env]
-    return tools + ("\n" + delegate if can_delegate else "")
+    """The tools (TextCraft) or blocks (TextWorld) an agent has: the benchmark's
+    ``agent_tools``, and its ``delegate_tool`` when the agent may delegate."""
+    bench = BENCHMARKS[env]
+    return bench.agent_tools + ("\n" + bench.delegate_tool if can_delegate else "")
 
 
 def system_prompt(env: str, *, depth: int, max_depth: int, max_steps: int) -> str:
@@ -73,7 +44,7 @@ def system_prompt(env: str, *, depth: int, max_depth: int, max_steps: int) -> st
     who = "the root agent" if depth == 0 else f"a sub-agent at depth {depth}"
     rule = (f"You may delegate sub-goals to child agents (depth {depth + 1} of at most {max_depth})."
             if can else f"You are at the maximum depth ({max_depth}): you cannot delegate; do the work yourself.")
-    body = AGENT_INTERFACE[env][0] + tools_text(env, can)
+    body = BENCHMARKS[env].agent_intro + tools_text(env, can)
     return f"You are {who}. {rule} You have {max_steps} steps.\n{body}"
 
 

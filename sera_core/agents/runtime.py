@@ -63,6 +63,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from sera_core.agents.actors import Actor, Call
+from sera_core.agents.points import Branch, DelegationPoint
 from sera_core.agents.prompts import (
     RubricInputs,
     agent_messages,
@@ -72,11 +73,9 @@ from sera_core.agents.prompts import (
     score_messages,
     tools_text,
 )
-from sera_core.agents.points import Branch, DelegationPoint
 from sera_core.agents.roles import build_turn
 from sera_core.agents.tree import Node, Tree, graft, subtree
 from sera_core.envs.registry import benchmark, record_value
-from sera_core.judges import CanonicalOrLLM, LLMJudge
 from sera_core.policy.base import SamplingParams
 from sera_core.rubrics import (
     GLOBAL_RUBRIC,
@@ -589,8 +588,8 @@ class Runtime:
 
     async def _label(self, env: Any) -> tuple[bool | None, str]:
         """The judge's binary label of a finished child (None: no label)."""
-        if isinstance(self.judge, (LLMJudge, CanonicalOrLLM)):  # may ask an endpoint: off the event loop
-            verdict = await asyncio.to_thread(self.judge.judge_env, env)
+        if getattr(self.judge, "remote", False):  # may wait on an endpoint: off the event loop
+            verdict = await asyncio.to_thread(self.judge.judge, env)
         else:
             verdict = self.judge.judge(env)
         return verdict.success, verdict.reason

@@ -6,8 +6,13 @@ benchmark's name. A benchmark provides:
 
 * **tasks**: its splits (``generate_split``, ``eval_split``), record validation
   (generated and official formats), ids, difficulty, statistics;
+* **names and the agent interface**: ``title`` and ``short_title`` (figures and tables), the
+  agent's introduction, tools and delegation tool (``agent_intro``, ``agent_tools``,
+  ``delegate_tool``: :func:`sera_core.agents.prompts.system_prompt`), the levels ``sera
+  tiny measure`` plays (``measured_levels``, ``measured_spread``);
 * **the expert**: solving a task alone (``solver``), and as an actor's agent, rubric
-  writer and scorer (``expert_agent``, ``expert_rubric``, ``expert_item_scores``);
+  writer and scorer (``expert_config``, ``expert_agent``, ``expert_rubric``,
+  ``expert_item_scores``);
 * **judging**: the root checker (``root_result``) and the children's judge
   (``make_judge``: the program checker, or TextWorld's LLM judge);
 * **the reply format**: generation stop strings, the well-formed test of an act reply,
@@ -29,7 +34,7 @@ from __future__ import annotations
 
 import ast
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from random import Random
 from typing import Any, ClassVar, Protocol
@@ -39,6 +44,7 @@ from sera_core.envs.textcraft import expert as craft_expert
 from sera_core.envs.textcraft import tasks as craft_tasks
 from sera_core.envs.textcraft.env import TextCraftEnv, extract_code
 from sera_core.envs.textcraft.launch import launch_spans as craft_launch_spans
+from sera_core.envs.textcraft.verifier import TextCraftVerifier
 from sera_core.envs.textcraft.world import WorldConfig
 from sera_core.envs.textworld import expert as world_expert
 from sera_core.envs.textworld import tasks as world_tasks
@@ -46,7 +52,8 @@ from sera_core.envs.textworld.data import ROOMS
 from sera_core.envs.textworld.env import TextWorldEnv
 from sera_core.envs.textworld.goals import check_goal
 from sera_core.envs.textworld.protocol import Delegation, delegate_spans, parse_reply
-from sera_core.judges import CanonicalOrLLM, LLMJudge, LLMJudgeConfig, TextCraftVerifier, TextWorldVerifier
+from sera_core.envs.textworld.verifier import CanonicalOrLLM, TextWorldVerifier
+from sera_core.judges import LLMJudge, LLMJudgeConfig
 
 ERROR_PREFIXES = ("Error", "Traceback", "Invalid", "Delegation rejected")
 """Observation lines that report a failed call or step (counted for the expert scorer)."""
@@ -77,6 +84,12 @@ class Benchmark(Protocol):
 
     name: ClassVar[str]
     title: ClassVar[str]
+    short_title: ClassVar[str]
+    agent_intro: ClassVar[str]
+    agent_tools: ClassVar[str]
+    delegate_tool: ClassVar[str]
+    measured_levels: ClassVar[tuple[str, ...]]
+    measured_spread: ClassVar[bool]
     splits: ClassVar[tuple[str, ...]]
     eval_split: ClassVar[str]
     difficulties: ClassVar[tuple[str, ...]]
@@ -99,6 +112,7 @@ class Benchmark(Protocol):
     def well_formed(self, text: str) -> bool: ...
     def launch_spans(self, text: str) -> list[tuple[int, int]]: ...
     def make_judge(self, kind: str = "program", **options: Any) -> Any: ...
+    def expert_config(self, config: Any = None, *, explain: bool = False) -> Any: ...
     def expert_agent(self, config: Any, info: dict) -> Any: ...
     def expert_rubric(self, info: dict) -> dict: ...
     def expert_item_scores(self, outcome: dict, item_names: set[str]) -> tuple[bool, dict[str, float], str]: ...
@@ -108,6 +122,53 @@ class Benchmark(Protocol):
     def root_env(self, record: dict, *, max_steps: int, max_depth: int, child_max_steps: int) -> Any: ...
     def root_result(self, env: Any) -> tuple[bool, dict]: ...
 
+    # -- the runtime's hooks on a live agent (agents/runtime.py) ------------------------------
+    def install_hook(self, env: Any, hook: Any) -> None:
+        """Route ``env``'s delegations to ``await hook(env, spec)``, which plays the child and
+        returns the report the parent reads."""
+
+    def goal(self, env: Any) -> str:
+        """The agent's goal, as its first user message states it."""
+
+    def first_observation(self, env: Any) -> str | None:
+        """What the agent sees before its first turn (None: nothing)."""
+
+    def spec_goal(self, parent: Any, spec: Any) -> str:
+        """The goal a child of ``parent`` with delegation ``spec`` would have (the rubric's subject)."""
+
+    def spawn(self, parent: Any, spec: Any) -> Any:
+        """The child's environment on the parent's live world (shared)."""
+
+    def fork_child(self, parent: Any, spec: Any) -> Any:
+        """The child's environment on a fork of the parent's world (a counterfactual branch)."""
+
+    def commit(self, parent: Any, branch: Any) -> None:
+        """Make a forked branch's world the parent's (the branch the runtime keeps)."""
+
+    def observable(self, env: Any) -> str:
+        """What the parent can see of the world now (the rubric writer's state section)."""
+
+    def final_state(self, env: Any) -> str:
+        """The child's world when it ended, as the scorer reads it."""
+
+    def world_json(self, env: Any) -> dict:
+        """The world as JSON, recorded on the tree."""
+
+    def child_budget(self, parent: Any, spec: Any) -> str:
+        """The child's step budget in words (the rubric writer's budget section)."""
+
+    def spec_json(self, spec: Any) -> dict:
+        """A delegation spec as JSON, recorded on the child's node."""
+
+    def start_facts(self, env: Any) -> dict:
+        """What :meth:`outcome` needs from the child's start (taken before it runs)."""
+
+    def outcome(self, env: Any, start: dict, observations: list[str | None]) -> dict:
+        """A finished child's facts for the expert scorer (:meth:`expert_item_scores`)."""
+
+    def expert_info(self, env: Any) -> dict:
+        """What the expert agent needs about ``env`` besides its observation."""
+
 
 class TextCraftBenchmark:
     """TextCraft-Synth: CodeAct cells, shared inventory, ``launch_subagent``.
@@ -116,6 +177,29 @@ class TextCraftBenchmark:
 
     name = "textcraft"
     title = "TextCraft-Synth"
+    short_title = "TextCraft"
+    """The name in table headings."""
+    agent_intro = ("You craft items in TextCraft. Each turn, reply with <thought>...</thought> then "
+                   "<python>...</python>; the code runs in a persistent Python session (top-level await allowed) "
+                   "and its printed output is your next observation. Tools:\n")
+    """The opening of every agent's system message (:func:`sera_core.agents.prompts.system_prompt`)."""
+    agent_tools = (
+        "get_info(items: list) -> list[dict]  # item, can_craft, is_base, in_inventory, crafting_depth, recipes\n"
+        "view_inventory() -> dict\n"
+        "craft(ingredients: dict, target: tuple[str, int]) -> str  # exact total ingredients for `count` units; "
+        "count a multiple of the recipe's result count\n"
+        "finish(message: str) -> str  # end your episode with a report"
+    )
+    """The tools every agent has."""
+    delegate_tool = (
+        "await launch_subagent(targets: dict, context: str = '') -> str  # a child agent crafts `targets` "
+        "on the shared inventory; several at once with asyncio.gather"
+    )
+    """The delegation tool, shown only to agents that may delegate."""
+    measured_levels = ("easy", "medium")
+    """The difficulties ``sera tiny measure`` plays (the levels the embedded policy has targets on)."""
+    measured_spread = False
+    """Whether the measured tasks are spread over each level (else its first ones)."""
     splits = ("train", "val")
     eval_split = "val"
     """The split the paper evaluates on."""
@@ -186,6 +270,14 @@ class TextCraftBenchmark:
         return craft_launch_spans(text)
 
     # -- the expert and the judge ----------------------------------------------------------
+    @staticmethod
+    def expert_config(config: craft_expert.ExpertConfig | None = None, *,
+                      explain: bool = False) -> craft_expert.ExpertConfig:
+        """The expert's settings as an actor plays it: ``config`` (default: the delegating
+        expert, no noise), with ``explain`` its agents spelling out their decisions."""
+        config = config or craft_expert.ExpertConfig(mode="delegate")
+        return replace(config, explain=True) if explain else config
+
     @staticmethod
     def expert_agent(config: craft_expert.ExpertConfig, info: dict) -> craft_expert.TextCraftExpert:
         """The scripted expert playing one runtime agent (``info``: the call's facts; its
@@ -327,6 +419,22 @@ class TextWorldBenchmark:
 
     name = "textworld"
     title = "TextWorld-Sync"
+    short_title = "TextWorld"
+    agent_intro = ("You cook in a shared TextWorld kitchen with other agents. Each turn, think briefly, then reply with "
+                   "exactly one block:\n")
+    agent_tools = (
+        "<action>command</action>  # go to <room>, take <item>, read cookbook, chop|slice|dice <item>, "
+        "cook <item> in stove|oven, cook <item> on grill, open door, prepare <dish>, eat <dish>, inventory\n"
+        "<finish>message</finish>  # end your episode with a report"
+    )
+    """The reply blocks every agent has."""
+    delegate_tool = (
+        '<delegate>{"goal": "..."}</delegate> or <delegate>{"delegations": [{"goal": "...", "max_steps": n}, ...]}'
+        "</delegate>  # child agents work on the shared world; their reports come back as [SubAgent Results]"
+    )
+    measured_levels = ("easy",)
+    measured_spread = True
+    """The test file is ordered by family: the measured tasks are spread over the level."""
     splits = world_tasks.SPLITS
     eval_split = "test"
     difficulties = world_tasks.DIFFICULTIES
@@ -378,6 +486,14 @@ class TextWorldBenchmark:
 
     # -- the expert and the judge ----------------------------------------------------------
     @staticmethod
+    def expert_config(config: world_expert.ExpertConfig | None = None, *,
+                      explain: bool = False) -> world_expert.ExpertConfig:
+        """``config`` (default: the delegating expert, no noise); ``explain`` changes nothing
+        here (TextWorld's agents have no arithmetic to spell out; the scorer's check is
+        :meth:`expert_check`)."""
+        return config or world_expert.ExpertConfig(mode="delegate")
+
+    @staticmethod
     def expert_agent(config: world_expert.ExpertConfig, info: dict) -> world_expert.TextWorldExpert:
         return world_expert.TextWorldExpert(replace(config, noise_seed=info["seed"]), can_delegate=info["can_delegate"])
 
@@ -419,7 +535,7 @@ class TextWorldBenchmark:
     def make_judge(kind: str = "program", *, url: str | None = None, model: str | None = None, cache: str | None = None,
                    timeout_s: float = 60.0, max_retries: int = 4) -> TextWorldVerifier | CanonicalOrLLM:
         """The children's judge: ``program`` (the canonical-goal checker) or ``llm``
-        (:class:`~sera_core.judges.CanonicalOrLLM`: canonical goals to the checker, free-form
+        (:class:`~sera_core.envs.textworld.verifier.CanonicalOrLLM`: canonical goals to the checker, free-form
         ones to an OpenAI-compatible endpoint at ``url`` serving ``model``, with an optional
         JSONL response ``cache``, ``timeout_s`` per request and ``max_retries``; key:
         ``$SERA_JUDGE_API_KEY``)."""
@@ -538,3 +654,21 @@ def benchmark(env: str, *, official: bool = False) -> Benchmark:
     if env not in BENCHMARKS:
         raise ValueError(f"env must be one of {list(ENVS)}, got {env!r}")
     return BENCHMARKS[env](official=official)
+
+
+def pick_tasks(env: str, split: str | None = None, *, difficulty: str | Sequence[str] | None = None,
+               family: str | None = None, per_level: int | None = None, count: int | None = None) -> list[dict]:
+    """Generated task records of ``env``'s ``split`` (default: its evaluation split, TextCraft
+    val / TextWorld test), in file order: those of ``difficulty`` (one level or several) and
+    ``family`` (TextWorld), the first ``per_level`` of each level (levels in the order given),
+    then the first ``count`` of all."""
+    bench = benchmark(env)
+    records = bench.generate_split(split or bench.eval_split)
+    levels = (difficulty,) if isinstance(difficulty, str) else tuple(difficulty or bench.difficulties)
+    if family is not None:
+        records = [r for r in records if record_value(r, "task_family") == family]
+    if per_level is None:  # the file order across levels
+        picked = [r for r in records if record_value(r, "difficulty") in levels]
+    else:
+        picked = [r for level in levels for r in [r for r in records if record_value(r, "difficulty") == level][:per_level]]
+    return picked[:count]

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from statistics import fmean, stdev
 from typing import Any
 
+from sera_core.agents.actors import noisy_expert
 from sera_core.agents.points import DelegationPoint
 from sera_core.agents.runtime import Runtime, RuntimeConfig
 from sera_core.rubrics import ranking_loss
@@ -42,8 +43,6 @@ def heldout_points(env: str, records: Sequence[dict], *, counterfactual: int = 8
                    tokenizer: Any = None) -> list[DelegationPoint]:
     """The mixed counterfactual groups of the noisy expert's rollouts of ``records`` (B =
     ``counterfactual`` branches, runtime seed ``seed``), in rollout order."""
-    from sera_core.course import noisy_expert
-
     cfg = RuntimeConfig(counterfactual=counterfactual, fork_cap=max(16, counterfactual), seed=seed)
     rollouts = Runtime(env, noisy_expert(tokenizer=tokenizer), cfg).run(list(records))
     return [p for r in rollouts for p in r.points if not p.ranking.skipped]

@@ -30,16 +30,14 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import replace
 from typing import Any
 
 from sera_core.envs.registry import BENCHMARKS
-from sera_core.envs.textcraft.expert import ExpertConfig as CraftExpertConfig
-from sera_core.envs.textworld.expert import ExpertConfig as WorldExpertConfig
 from sera_core.policy.base import Generation
 from sera_core.policy.chat import ChatFormat
 from sera_core.rubrics import Rubric
 from sera_core.utils.seeding import derive_seed
+
 
 def _item_scores(rubric: Rubric, outcome: dict) -> tuple[bool, dict[str, float], str]:
     """Gate, per-item scores and a reason from a child's outcome facts (see the runtime):
@@ -75,16 +73,20 @@ class ExpertPolicy:
 
     enforce_context = False
 
-    def __init__(self, tokenizer: Any, *, textcraft: CraftExpertConfig | None = None,
-                 textworld: WorldExpertConfig | None = None, perturb: float = 0.0, explain: bool = False):
+    def __init__(self, tokenizer: Any, *, perturb: float = 0.0, explain: bool = False, **configs: Any):
+        """``configs``: an expert config per benchmark name (``textcraft=ExpertConfig(...)``),
+        each benchmark's :meth:`~sera_core.envs.registry.Benchmark.expert_config` for the
+        others; ``explain`` reaches the agents of the benchmarks that spell out decisions."""
         if not 0.0 <= perturb < 1.0:
             raise ValueError(f"perturb is a probability in [0, 1), got {perturb!r}")
+        if unknown := sorted(set(configs) - set(BENCHMARKS)):
+            raise ValueError(f"no benchmark named {', '.join(unknown)}; "
+                             f"expert configs are given for {list(BENCHMARKS)}")
         self.chat = ChatFormat(tokenizer)
-        self.textcraft = textcraft or CraftExpertConfig(mode="delegate")
-        if explain:  # the TextCraft agents spell out their decisions too
-            self.textcraft = replace(self.textcraft, explain=True)
+        self.configs = {name: bench.expert_config(configs.get(name), explain=explain)
+                        for name, bench in BENCHMARKS.items()}
+        """The expert config each benchmark's agents play by."""
         self.explain = explain
-        self.textworld = textworld or WorldExpertConfig(mode="delegate")
         self.perturb = perturb
         self._agents: dict[str, list] = {}  # agent -> [expert, act calls so far, observation held back]
 
@@ -115,7 +117,7 @@ class ExpertPolicy:
         bench = BENCHMARKS[info["env"]]  # its hooks are static: no instance per call
         entry = self._agents.get(call.agent)
         if entry is None:
-            entry = self._agents[call.agent] = [bench.expert_agent(getattr(self, info["env"]), info), 0, None]
+            entry = self._agents[call.agent] = [bench.expert_agent(self.configs[info["env"]], info), 0, None]
         expert, calls, held = entry
         entry[1] += 1
         observation = call.observation if held is None else bench.after_mistake(held, call.observation)

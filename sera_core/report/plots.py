@@ -19,6 +19,7 @@ import io
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from sera_core.envs.registry import BENCHMARKS
 from sera_core.eval.aggregate import DIFFICULTIES
 from sera_core.report import published as P
 from sera_core.report.published import Key, Number
@@ -30,7 +31,8 @@ if TYPE_CHECKING:
 
 DPI = 100
 """Dots per inch of every PNG."""
-ENVS = (("textcraft", "TextCraft-Synth"), ("textworld", "TextWorld-Sync"))
+ENVS = tuple((name, bench.title) for name, bench in BENCHMARKS.items())
+"""Benchmark keys and their titles (the registry's)."""
 LADDER = (P.RAO, P.WO_D_RT, P.WO_D, P.SERA)
 """The ablation ladder, first rung first."""
 COLORS = {P.RAO: "#7f7f7f", P.RAO_RT: "#bcbd22", P.WO_D_RT: "#9ecae1", P.WO_D: "#4292c6", P.SERA: "#08519c",

@@ -16,6 +16,7 @@ import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sera_core.envs.registry import BENCHMARKS
 from sera_core.eval.aggregate import DIFFICULTIES
 from sera_core.report import published as P
 from sera_core.report.checks import check_published, recompute
@@ -25,8 +26,8 @@ from sera_core.report.runs import UserRun
 Cell = str | Number | float | None
 """Text, a published number, a number of yours, or nothing."""
 
-ENVS = (("textcraft", "TextCraft"), ("textworld", "TextWorld"))
-"""Benchmark keys and their names in headings."""
+ENVS = tuple((name, bench.short_title) for name, bench in BENCHMARKS.items())
+"""Benchmark keys and their names in headings (the registry's)."""
 YOURS_NOTE = ("Rows marked \"yours:\" are your own evaluation runs (summary.json files), not the paper's; "
               "they are not reproductions of the paper's Qwen3-4B results unless their label says so.")
 DERIVED_NOTE = "† derived from SPEC 7 by arithmetic; published.csv gives each formula."

@@ -33,8 +33,8 @@ from sera_core.envs.textcraft.tasks import generate_split as craft_split
 from sera_core.envs.textcraft.world import WorldConfig, generate_world
 from sera_core.envs.textworld.expert import ExpertConfig as WorldExpert
 from sera_core.envs.textworld.tasks import generate_split as world_split
-from sera_core.policy.expert import ExpertPolicy
 from sera_core.policy.chat import ChatFormat
+from sera_core.policy.expert import ExpertPolicy
 from sera_core.tiny.sft import Sample
 from sera_core.utils.seeding import derive_seed
 

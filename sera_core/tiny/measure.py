@@ -50,8 +50,7 @@ from sera_core.agents.points import DelegationPoint
 from sera_core.agents.runtime import Rollout, Runtime, RuntimeConfig
 from sera_core.agents.summary import summarize
 from sera_core.agents.tree import Tree
-from sera_core.course import pick_tasks
-from sera_core.envs.registry import BENCHMARKS, record_value
+from sera_core.envs.registry import BENCHMARKS, pick_tasks, record_value
 from sera_core.eval.points import heldout_points, point_metrics
 from sera_core.policy.hf import HFPolicy
 from sera_core.utils.jsonio import read_jsonl, write_atomic, write_jsonl
@@ -65,29 +64,23 @@ def well_formed(text: str, env: str) -> bool:
     return BENCHMARKS[env].well_formed(text)
 
 
-MEASURED = {"textcraft": (("easy", "medium"), False), "textworld": (("easy",), True)}
-"""Per benchmark: the difficulties the issue sets targets for, and whether the tasks are
-spread over the level (TextWorld's test file is ordered by family) or its first ones."""
-
-
 def points_tasks(env: str, count: int) -> list[dict]:
-    """The last ``count`` tasks of the benchmark's hardest :data:`MEASURED` level in its
+    """The last ``count`` tasks of the benchmark's hardest measured level (``measured_levels``) in its
     evaluation split: where ``measure(points=...)`` (and ``scripts/tiny_experiment.py``) build
     the held-out delegation points."""
-    return pick_tasks(env, difficulty=MEASURED[env][0][-1])[-count:] if count else []
+    return pick_tasks(env, difficulty=BENCHMARKS[env].measured_levels[-1])[-count:] if count else []
 
 
 def measured_tasks(env: str, per_level: int) -> list[dict]:
     """The held-out tasks ``sera tiny measure`` plays: ``per_level`` tasks of each of the
-    benchmark's :data:`MEASURED` levels from its evaluation split (TextCraft val: the first
-    ones; TextWorld test: spread evenly over the level)."""
+    benchmark's ``measured_levels`` from its evaluation split (the first ones, or with
+    ``measured_spread`` spread evenly over the level: TextWorld's test file is ordered by family)."""
     bench = BENCHMARKS[env]()
     tasks = bench.generate_split(bench.eval_split)
-    levels, spread = MEASURED[env]
     out = []
-    for level in levels:
+    for level in bench.measured_levels:
         mine = [t for t in tasks if record_value(t, "difficulty") == level]
-        out += (mine[::max(1, len(mine) // per_level)] if spread else mine)[:per_level]
+        out += (mine[::max(1, len(mine) // per_level)] if bench.measured_spread else mine)[:per_level]
     return out
 
 

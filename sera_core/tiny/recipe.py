@@ -6,7 +6,7 @@ build. :func:`build` runs the recipe from scratch:
 1. **Tokenizer**: a bootstrap tokenizer (:func:`sera_core.policy.tiny.default_tokenizer`)
    lets the expert play a small set of tasks (``corpus``); a byte-level BPE of
    ``vocab_size`` is trained on their text (prompts, observations, replies, rubrics,
-   scores) plus :func:`sera_core.tiny.corpus.corpus`, with identifier-aware
+   scores) plus :func:`sera_core.agents.corpus.corpus`, with identifier-aware
    pre-tokenisation and the ChatML template.
 2. **Model**: a Qwen3 causal LM (:class:`~sera_core.policy.tiny.TinyModelConfig`)
    initialised from ``seed``.
@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from sera_core import __version__
+from sera_core.agents.corpus import corpus, default_tokenizer
 from sera_core.policy.tiny import TinyModelConfig, init_model, train_tokenizer
-from sera_core.tiny.corpus import corpus, default_tokenizer
 from sera_core.tiny.demos import DemoConfig, copy_drills, corpus_texts, demonstrations
 from sera_core.tiny.sft import SFTConfig, train_sft
 from sera_core.utils.folders import swap_in

@@ -62,8 +62,8 @@ from tqdm.auto import tqdm
 
 from sera_core.utils.folders import swap_in
 from sera_core.utils.hardware import make_accelerator
-from sera_core.utils.weights import load_optimizer_state, load_trained, optimizer_state, save_trained
 from sera_core.utils.seeding import derive_seed
+from sera_core.utils.weights import load_optimizer_state, load_trained, optimizer_state, save_trained
 
 IGNORE = -100
 """Label of positions without loss (prompt and padding), as in Hugging Face."""

@@ -51,7 +51,6 @@ from __future__ import annotations
 import csv
 import errno
 import json
-import os
 import random
 import shutil
 import time
@@ -66,6 +65,7 @@ from sera_core.agents.actors import as_actor
 from sera_core.agents.runtime import Rollout, Runtime
 from sera_core.agents.summary import summarize
 from sera_core.envs.registry import benchmark, record_value
+from sera_core.policy.checkpoints import CheckpointError, model_path, read_checkpoint
 from sera_core.rewards.execution import execution_datums
 from sera_core.rewards.leaf_credit import leaf_datums
 from sera_core.rewards.rubric_ranking import kept_points, rubric_datums
@@ -99,11 +99,6 @@ OPERATIONAL = ("total_updates", "checkpoint_every", "log_with", "judge_cache", "
 """Config keys a resumed run may change (they do not change what is trained)."""
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be resumed from (the message says why): bad input, so the
-    command line answers it with exit code 2 and one JSON error line."""
-
-
 class TimedPolicy:
     """A policy wrapper that counts the seconds spent generating: in ``generate`` calls, or,
     for a continuously batching policy (``agenerate``: vLLM), in its engine steps since the
@@ -131,94 +126,6 @@ class TimedPolicy:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.policy, name)
-
-
-def model_path(cfg: TrainConfig | str) -> Path:
-    """The folder of the starting model of ``cfg`` (or of a ``model`` setting; ``tiny``:
-    the shipped embedded policy, an adapter folder: :mod:`sera_core.policy.models`)."""
-    from sera_core.policy.models import model_folder
-
-    return model_folder(cfg if isinstance(cfg, str) else cfg.model)
-
-
-def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """The ``state.json`` of a checkpoint written by :meth:`Trainer.save`, after checking
-    that every file is there and matches its sha256 (else :class:`CheckpointError`)."""
-    path = Path(path)
-    try:
-        state = json.loads((path / "state.json").read_bytes().decode("utf-8"))
-        files, version, config, counters = state["files"], state["version"], state["config"], state["counters"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{path}: no readable state.json ({exc}); the checkpoint is partial or corrupt") from None
-    if not (isinstance(version, int) and not isinstance(version, bool) and version >= 0
-            and isinstance(files, dict) and files and all(isinstance(v, str) for v in files.values())
-            and isinstance(config, dict) and isinstance(config.get("model"), str)
-            and isinstance(counters, dict)):
-        raise CheckpointError(f"{path}: state.json lacks a version, files, config or counters of the right types; "
-                              "the checkpoint is partial or corrupt")
-    if any(not isinstance(name, str) or "/" in name or name.startswith(".") for name in files):
-        raise CheckpointError(f"{path}: state.json names files outside the checkpoint; the checkpoint is corrupt")
-    for name, digest in files.items():
-        if not (path / name).is_file():
-            raise CheckpointError(f"{path}: {name} is missing; the checkpoint is partial")
-        if sha256_file(path / name) != digest:
-            raise CheckpointError(f"{path}: {name} does not match its sha256; the checkpoint is corrupt")
-    return state
-
-
-def checkpoint_model(path: str | os.PathLike):
-    """The model and tokenizer of a trained checkpoint (``RUN/checkpoint`` or the run folder
-    ``RUN``): the run's starting model (architecture, tokenizer) with the checkpoint's trained
-    weights (an adapter's merged into its base), in eval mode, after :func:`read_checkpoint`'s
-    checks."""
-    return _checkpoint(path)[1:]
-
-
-def _checkpoint(path: str | os.PathLike):
-    """``(starting model folder, model, tokenizer)`` of :func:`checkpoint_model`."""
-    from sera_core.policy.models import load_model, merged
-    from sera_core.utils.weights import load_trained
-
-    path = Path(path)
-    if not (path / "state.json").exists() and (path / "checkpoint" / "state.json").exists():
-        path = path / "checkpoint"
-    start = model_path(read_checkpoint(path)["config"]["model"])
-    model, tokenizer = load_model(start, trainable=True)
-    load_trained(model, path / "model.safetensors")
-    return start, merged(model).eval(), tokenizer
-
-
-def checkpoint_policy(path: str | os.PathLike):
-    """An :class:`~sera_core.policy.hf.HFPolicy` of a trained checkpoint (:func:`checkpoint_model`).
-    It owns the model (nothing else holds it), so on CPU its weights take the decode layout."""
-    from sera_core.policy.hf import HFPolicy
-
-    return HFPolicy.from_model(*checkpoint_model(path), own=True)
-
-
-def checkpoint_engine(path: str | os.PathLike):
-    """A :class:`~sera_core.policy.vllm_backend.VLLMPolicy` of a trained checkpoint: an engine
-    on the run's starting model with the checkpoint's weights (:func:`checkpoint_model`) pushed."""
-    from sera_core.policy.vllm_backend import VLLMPolicy
-
-    start, model, _ = _checkpoint(path)
-    policy = VLLMPolicy(start)
-    policy.load_weights(model.state_dict())
-    return policy
-
-
-def export_checkpoint(path: str | os.PathLike, out: str | os.PathLike) -> Path:
-    """Write the model of a trained checkpoint (see :func:`checkpoint_model`) as a Hugging
-    Face folder ``out`` (weights, config, tokenizer), atomically: what ``vllm:`` and
-    ``hf:`` policies and other tools load."""
-    model, tokenizer = checkpoint_model(path)
-    out = Path(out)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    swap_in(tmp, out)
-    return out
 
 
 def load_tasks(cfg: TrainConfig) -> list[dict]:
@@ -543,7 +450,11 @@ class Trainer:
 
     # -- checkpoints -------------------------------------------------------------------
     def save(self) -> Path:
-        """Write ``out/checkpoint`` atomically (module docstring)."""
+        """Write ``out/checkpoint`` atomically (module docstring). The main process writes;
+        when it cannot (a full disk, a read-only folder, a size limit), every process raises
+        the same ``OSError`` naming the checkpoint that is kept, so no process of a
+        multi-process run waits at a collective the others never reach."""
+        from accelerate.utils import broadcast_object_list
         from safetensors import SafetensorError
         from safetensors.torch import save_file
 
@@ -553,6 +464,8 @@ class Trainer:
         final, tmp = self.out / "checkpoint", self.out / "checkpoint.tmp"
         model = self.accelerator.unwrap_model(self.model)
         weights, moments = trained_state(model), optimizer_state(model, self.optimizer)  # collectives under FSDP
+        failure: list = [None]  # (errno, message) of the main process's failed write
+        cause: BaseException | None = None
         if self.accelerator.is_main_process:
             try:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -562,15 +475,20 @@ class Trainer:
                 files = {name: sha256_file(tmp / name) for name in ("model.safetensors", "optimizer.pt")}
                 state = {"version": self.version, "config": self.cfg.to_json(), "counters": self.counters, "files": files}
                 (tmp / "state.json").write_text(json.dumps(state, indent=1))
-            except (OSError, RuntimeError, SafetensorError) as exc:  # a full disk, a read-only folder, a size limit
-                shutil.rmtree(tmp, ignore_errors=True)  # (torch and safetensors report I/O failures as their own errors)
-                kept = f"the previous one (update {read_checkpoint(final)['version']}) is intact" if final.exists() \
-                    else "there is no earlier one"
-                raise OSError(getattr(exc, "errno", None) or errno.EIO,
-                              f"{final}: could not write the checkpoint of update {self.version} "
-                              f"({getattr(exc, 'strerror', None) or exc}); {kept}") from exc
-            swap_in(tmp, final)
-        self.accelerator.wait_for_everyone()
+                swap_in(tmp, final)
+            except (OSError, RuntimeError, SafetensorError) as exc:  # torch and safetensors report I/O failures as
+                cause = exc                                           # their own errors
+                shutil.rmtree(tmp, ignore_errors=True)
+                old = final.with_name(final.name + ".old")  # where swap_in keeps it while it renames
+                kept = (f"the previous one (update {read_checkpoint(final)['version']}) is intact" if final.exists()
+                        else f"the previous one is in {old}" if old.exists() else "there is no earlier one")
+                failure = [(getattr(exc, "errno", None) or errno.EIO,
+                            f"{final}: could not write the checkpoint of update {self.version} "
+                            f"({getattr(exc, 'strerror', None) or exc}); {kept}")]
+        if self.accelerator.num_processes > 1:
+            failure = broadcast_object_list(failure, from_process=0)  # every process learns of it
+        if failure[0] is not None:
+            raise OSError(*failure[0]) from cause
         return final
 
     def load(self, path: Path) -> None:

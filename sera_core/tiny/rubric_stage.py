@@ -50,6 +50,7 @@ so a killed run resumes at its last update and measurement with nothing repeated
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import time
@@ -62,12 +63,19 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from sera_core.agents.actors import as_actor
 from sera_core.agents.points import DelegationPoint
+from sera_core.agents.runtime import Runtime
+from sera_core.agents.summary import read_points
+from sera_core.envs.registry import pick_tasks
+from sera_core.eval.points import heldout_points, point_metrics
 from sera_core.rewards import Datum
 from sera_core.rubrics import RANKING_MARGIN
 from sera_core.train.advantages import Advantage, leave_one_out, rubric_advantages, uniform
+from sera_core.train.config import load_config
 from sera_core.train.trainer import Trainer, append_row, keep_rows
 from sera_core.train.update import TokenRow, turn_rows
+from sera_core.utils.jsonio import write_atomic, write_jsonl
 from sera_core.utils.seeding import derive_seed
 
 ARMS = ("rubric", "rubric_scorer")
@@ -191,11 +199,6 @@ def stage_rows(points: Sequence[DelegationPoint], *, train_scorer: bool, score_c
 def stage_points(env: str, split: str, tasks: int, path: Path, *, last: bool) -> list[DelegationPoint]:
     """The noisy expert's mixed groups on the first (``last``: the last) ``tasks`` medium
     tasks of ``split``, built once into ``path`` (seconds; the same bytes every time)."""
-    from sera_core.agents.summary import read_points
-    from sera_core.course import pick_tasks
-    from sera_core.eval.points import heldout_points
-    from sera_core.utils.jsonio import write_jsonl
-
     if not path.exists():
         records = pick_tasks(env, split, difficulty="medium")
         chosen = records[-tasks:] if last else records[:tasks]
@@ -208,8 +211,6 @@ class RubricStage(Trainer):
     """The rubric stage on fixed branches (module docstring); ``run()`` trains and measures."""
 
     def __init__(self, cfg: RubricStageConfig, *, progress: bool = True):
-        from sera_core.train.config import load_config
-
         overrides = {"schedule": "rubric_generation:1", "seed": cfg.seed, "out": cfg.out, "total_updates": cfg.updates,
                      "checkpoint_every": 1, "method": f"sera_{cfg.arm}_stage", "engine_kv_cache_gib": cfg.kv_cache_gib}
         if cfg.lr is not None:
@@ -233,9 +234,6 @@ class RubricStage(Trainer):
                  score_temperature: float, progress: bool = False, keep_turns: bool = False) -> list[DelegationPoint]:
         """``points`` rubric-written and scored again by the current policy (``keep_turns``:
         with the rubric calls' tokens, :meth:`~sera_core.agents.runtime.Runtime.rescore`)."""
-        from sera_core.agents.actors import as_actor
-        from sera_core.agents.runtime import Runtime
-
         rc = self.cfg.rollout_settings(seed=seed, rubric_temperature=rubric_temperature,
                                        score_temperature=score_temperature)
         return Runtime(self.cfg.env, as_actor(self.policy), rc).rescore_all(points, progress=progress, keep_turns=keep_turns)
@@ -244,11 +242,6 @@ class RubricStage(Trainer):
         """The held-out metrics of the current weights (both calls at temperature 0, so the
         seed does not enter: the starting model's are measured once per cache folder and
         shared by every arm and seed, ``start_file``)."""
-        import json
-
-        from sera_core.eval.points import point_metrics
-        from sera_core.utils.jsonio import write_atomic
-
         if self.version == 0 and self.start_file.exists():
             return json.loads(self.start_file.read_text())
         t0 = time.perf_counter()
@@ -260,8 +253,6 @@ class RubricStage(Trainer):
 
     def step(self) -> dict[str, Any]:
         """One update at ``self.version``; returns its ``updates.csv`` row."""
-        from sera_core.eval.points import point_metrics
-
         cfg, sc, v = self.cfg, self.stage_cfg, self.version
         t0 = time.perf_counter()
         torch.manual_seed(derive_seed(cfg.seed, "torch", v))
