@@ -65,3 +65,11 @@ def test_expert_configs_are_given_by_benchmark_name_and_default_to_the_registrys
     explained = ExpertPolicy(default_tokenizer(), explain=True)
     assert set(explained.configs) == set(BENCHMARKS) and explained.configs["textcraft"].explain
     assert explained.configs["textworld"] == BENCHMARKS["textworld"].expert_config()
+
+
+def test_the_clis_expert_noise_is_its_mistake_rate_with_half_as_many_early_finishes():
+    from sera_core.agents.actors import make_actor
+
+    configs = make_actor("expert", noise=0.2).configs
+    assert (configs["textcraft"].waste, configs["textcraft"].early_finish) == (0.2, 0.1)
+    assert (configs["textworld"].mistake, configs["textworld"].early_finish) == (0.2, 0.1)

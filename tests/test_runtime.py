@@ -304,6 +304,22 @@ def test_an_interruption_in_a_batch_reaches_its_callers_and_the_batcher_serves_o
     assert [o.text for o in asyncio.run(main())] == ["ok"] * 3
 
 
+def test_a_cancelled_serving_task_cancels_its_callers_and_ends_cancelled():
+    """``fail_waiting`` with ``asyncio.CancelledError``: the waiting futures are cancelled (not
+    failed with it) and the cancellation goes on up, so the serving task ends cancelled."""
+    from sera_core.utils.aio import fail_waiting
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        waiting, done = loop.create_future(), loop.create_future()
+        done.set_result(1)
+        with pytest.raises(asyncio.CancelledError):
+            fail_waiting([waiting, done], asyncio.CancelledError())
+        return waiting.cancelled(), done.result()
+
+    assert asyncio.run(main()) == (True, 1)
+
+
 # -- adversarial model output ---------------------------------------------------------------------
 
 BAD_RUBRICS = {

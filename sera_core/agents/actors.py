@@ -184,12 +184,13 @@ def as_actor(policy: Any, *, max_batch: int = 64) -> Any:
     return policy if hasattr(policy, "complete") else PolicyActor(policy, max_batch=max_batch)
 
 
-def noisy_expert(*, waste: float = 0.3, early_finish: float = 0.1, mistake: float = 0.15, tokenizer: Any = None):
+def noisy_expert(*, waste: float = 0.3, early_finish: float = 0.1, mistake: float = 0.15,
+                 world_early_finish: float | None = None, tokenizer: Any = None):
     """The delegating expert with seeded mistakes, on both benchmarks: TextCraft wastes a
     craft with chance ``waste`` and gives up early with ``early_finish``; TextWorld uses a
-    wrong preparation with ``mistake`` and gives up early with ``early_finish / 2``. Each
-    agent's mistakes are seeded by the runtime, so the branches of a group differ. Ids in
-    ``tokenizer`` (default: the scripted policies' tokenizer)."""
+    wrong preparation with ``mistake`` and gives up early with ``world_early_finish``
+    (default ``early_finish / 2``). Each agent's mistakes are seeded by the runtime, so the
+    branches of a group differ. Ids in ``tokenizer`` (default: the scripted policies' tokenizer)."""
     from sera_core.agents.corpus import default_tokenizer
     from sera_core.envs.textcraft.expert import ExpertConfig as CraftConfig
     from sera_core.envs.textworld.expert import ExpertConfig as WorldConfig
@@ -197,7 +198,9 @@ def noisy_expert(*, waste: float = 0.3, early_finish: float = 0.1, mistake: floa
 
     return ExpertPolicy(tokenizer if tokenizer is not None else default_tokenizer(),
                         textcraft=CraftConfig(mode="delegate", waste=waste, early_finish=early_finish),
-                        textworld=WorldConfig(mode="delegate", mistake=mistake, early_finish=early_finish / 2))
+                        textworld=WorldConfig(mode="delegate", mistake=mistake,
+                                              early_finish=early_finish / 2 if world_early_finish is None
+                                              else world_early_finish))
 
 
 def make_actor(spec: str, *, max_batch: int = 64, noise: float = 0.0, tokenizer: str | None = None) -> Any:
@@ -219,19 +222,13 @@ def make_actor(spec: str, *, max_batch: int = 64, noise: float = 0.0, tokenizer:
     Token-level policies are batched (``hf``: ``max_batch`` sequences per call; ``vllm``:
     continuously). A spec that names nothing loadable raises ValueError saying what was expected."""
     if spec == "expert":
-        from sera_core.agents.corpus import default_tokenizer
-        from sera_core.envs.textcraft.expert import ExpertConfig as CraftConfig
-        from sera_core.envs.textworld.expert import ExpertConfig as WorldConfig
-        from sera_core.policy.expert import ExpertPolicy
-
+        tok = None
         if tokenizer:
             from transformers import AutoTokenizer
 
             tok = AutoTokenizer.from_pretrained(str(tokenizer))
-        else:
-            tok = default_tokenizer()
-        return ExpertPolicy(tok, textcraft=CraftConfig(mode="delegate", early_finish=noise / 2, waste=noise),
-                            textworld=WorldConfig(mode="delegate", early_finish=noise / 2, mistake=noise))
+        return noisy_expert(waste=noise, early_finish=noise / 2, mistake=noise, world_early_finish=noise / 2,
+                            tokenizer=tok)
     if spec == "tiny":
         spec = "vllm:tiny"
     backend, _, name = spec.partition(":")

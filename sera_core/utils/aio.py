@@ -35,14 +35,21 @@ async def settle(count: Callable[[], int], rounds: int, limit: int | None = None
 
 def fail_waiting(futures, exc: BaseException) -> None:
     """Hand ``exc``, raised while serving a batch of requests, to every caller still waiting
-    on one of ``futures``, then re-raise it if it stops the program (Ctrl-C, ``SystemExit``).
+    on one of ``futures``, then re-raise it if it stops the program (Ctrl-C, ``SystemExit``)
+    or cancels the serving task (``asyncio.CancelledError``: the waiting futures are
+    cancelled too, and the task ends cancelled as asyncio expects).
 
     Any ``BaseException`` is handed over, not only ``Exception``: an interruption raised in
     the middle of an engine step (pytest-timeout's ``Failed``, a notebook's interrupt) would
     otherwise end the serving task alone, and asyncio keeps such an exception on the task,
     so the callers' futures would never resolve and the run would hang instead of failing."""
+    cancelled = isinstance(exc, asyncio.CancelledError)
     for future in futures:
-        if not future.done():
+        if future.done():
+            continue
+        if cancelled:
+            future.cancel()
+        else:
             future.set_exception(exc)
-    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+    if cancelled or isinstance(exc, (KeyboardInterrupt, SystemExit)):
         raise exc

@@ -54,12 +54,11 @@ class CanonicalOrLLM:
     ``llm`` holds the LLM judge's own (Table 2 counts its calls and input tokens)."""
 
     name = "textworld_verifier+llm"
+    remote = True
+    """It may wait on an endpoint: the runtime calls it off the event loop."""
 
     def __init__(self, program: TextWorldVerifier, llm: LLMJudge):
         self.program, self.llm = program, llm
-
-    remote = True
-    """It may wait on an endpoint: the runtime calls it off the event loop."""
 
     def judge(self, env: Any) -> JudgeVerdict:
         verdict = self.program.judge(env)
