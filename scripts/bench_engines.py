@@ -50,6 +50,7 @@ def measure(backend: str, new: int, n_tasks: int, precision: str) -> dict:
     from sera_core.agents.actors import PolicyActor, make_actor
     from sera_core.agents.prompts import agent_messages
     from sera_core.agents.runtime import Runtime
+    from sera_core.envs.registry import select_tasks
     from sera_core.envs.textcraft.tasks import generate_split
     from sera_core.policy.base import SamplingParams
     from sera_core.policy.models import EMBEDDED
@@ -79,7 +80,7 @@ def measure(backend: str, new: int, n_tasks: int, precision: str) -> dict:
         row[f"decode_b{batch}_tok_s"] = round(sum(len(g.token_ids) for g in gens) / (time.perf_counter() - t0), 1)
     print(row, flush=True)
     cfg = load_config("textcraft/sera_tiny.yaml", backend=backend)
-    easy = [t for t in val if t["misc"]["difficulty"] == "easy"][:n_tasks]
+    easy = select_tasks("textcraft", val, difficulty="easy", count=n_tasks)
     policy.step_log = []
     t0 = time.perf_counter()
     rollouts = Runtime("textcraft", actor, cfg.rollout_settings(branches=False, temperature=0.0, rubric_temperature=0.0)).run(easy)

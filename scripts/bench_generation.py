@@ -32,7 +32,7 @@ import sera_core.policy.hf as hf
 from sera_core.agents.actors import PolicyActor
 from sera_core.agents.prompts import agent_messages
 from sera_core.agents.runtime import Runtime
-from sera_core.envs.textcraft.tasks import generate_split as craft_split
+from sera_core.envs.registry import pick_tasks
 from sera_core.policy.base import SamplingParams
 from sera_core.policy.hf import HFPolicy
 from sera_core.policy.models import model_folder
@@ -125,7 +125,7 @@ def main() -> None:
     if args.mixed_only:
         return print_mixed(HFPolicy(model_folder(args.model)))
     print(f"\nmatmul roofline: float32 {roofline(torch.float32):.0f} GFLOP/s, bfloat16 {roofline(torch.bfloat16):.0f} GFLOP/s")
-    easy = [t for t in craft_split("val") if t["misc"]["difficulty"] == "easy"]
+    easy = pick_tasks("textcraft", "val", difficulty="easy")
     policy = HFPolicy(model_folder(args.model))
     params = linear_weights(policy.model)
     prompts = first_prompts(policy, easy[:32])

@@ -18,6 +18,7 @@ import platform
 import statistics
 import time
 
+from sera_core.envs.registry import select_tasks
 from sera_core.envs.textcraft.env import TextCraftEnv
 from sera_core.envs.textcraft.expert import ExpertConfig, solve_task
 from sera_core.envs.textcraft.sandbox import _prepare
@@ -85,7 +86,7 @@ def bench_expert(records: list[dict], per_difficulty: int) -> list[dict]:
     for mode in ("flat", "delegate"):
         cfg = ExpertConfig(mode=mode)
         for d in DIFFICULTIES:
-            chosen = [r for r in records if r["misc"]["difficulty"] == d][:per_difficulty]
+            chosen = select_tasks("textcraft", records, difficulty=d, count=per_difficulty)
             _prepare.cache_clear()
             t = time.perf_counter()
             results = [solve_task(r, book, cfg) for r in chosen]

@@ -21,7 +21,7 @@ import time
 import torch
 
 from sera_core.agents.prompts import agent_messages
-from sera_core.envs.textcraft.tasks import generate_split as craft_split
+from sera_core.envs.registry import pick_tasks
 from sera_core.policy.base import SamplingParams
 from sera_core.policy.hf import HFPolicy
 from sera_core.tiny.recipe import ASSETS, TinyRecipe
@@ -67,7 +67,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"machine: {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     policy = HFPolicy(args.model)
-    easy = [t for t in craft_split("val") if t["misc"]["difficulty"] == "easy"][:8]
+    easy = pick_tasks("textcraft", "val", difficulty="easy", count=8)
     print("\n| batch | completion tokens / s |\n|---|---|")
     for batch, rate in inference(policy, easy, args.new):
         print(f"| {batch} | {rate:,.0f} |")

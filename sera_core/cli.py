@@ -72,12 +72,10 @@ def cmd_tasks(args: argparse.Namespace) -> dict[str, Any]:
         raise CommandError(f"{args.env} has splits {', '.join(bench.splits)}, not {args.split!r}")
     records = bench.generate_split(args.split, progress=True, world_seed=args.world_seed,
                                    items_per_tier=args.items_per_tier, seed=args.seed)
-    if args.difficulty:
-        from sera_core.envs.registry import record_value
+    from sera_core.envs.registry import select_tasks
 
-        records = [r for r in records if record_value(r, "difficulty") in args.difficulty]
-    if args.limit is not None:
-        records = records[: args.limit]
+    records = select_tasks(args.env, records, difficulty=args.difficulty or None, count=args.limit,
+                           source=f"{args.env} {args.split}")
     write_jsonl(args.out, records, sort_keys=bench.sorted_keys)
     digest = hashlib.sha256(Path(args.out).read_bytes()).hexdigest()
     return {"env": args.env, "split": args.split, "tasks": len(records), "out": str(args.out),

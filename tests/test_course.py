@@ -25,6 +25,29 @@ def test_pick_tasks_filters_by_level_family_and_count():
         pick_tasks("minecraft")
 
 
+def test_one_selection_serves_splits_files_spread_levels_and_says_what_is_missing(tmp_path):
+    from sera_core.envs.registry import select_tasks
+    from sera_core.utils.jsonio import write_jsonl
+
+    val = craft_split("val")
+    easy = [t for t in val if t["misc"]["difficulty"] == "easy"]
+    spread = pick_tasks("textcraft", difficulty="easy", per_level=3, spread=True)
+    assert spread == [easy[0], easy[len(easy) // 3], easy[2 * (len(easy) // 3)]]  # evenly over the level
+    path = tmp_path / "mine.jsonl"
+    mine = easy[:3] + [t for t in val if t["misc"]["difficulty"] == "medium"][:2]
+    write_jsonl(path, mine)
+    assert pick_tasks("textcraft", str(path)) == mine  # a task file: every record when no level is asked
+    assert pick_tasks("textcraft", str(path), difficulty="easy") == easy[:3]
+    with pytest.raises(ValueError, match=f"{path}: no task of difficulty extreme"):
+        pick_tasks("textcraft", str(path), difficulty="extreme")
+    write_jsonl(path, [{"not": "a task"}])
+    with pytest.raises(ValueError, match=":1"):  # each record of a file is validated, the line named
+        pick_tasks("textcraft", str(path))
+    with pytest.raises(ValueError, match="splits train, val, not 'test'"):
+        pick_tasks("textcraft", "test")
+    assert select_tasks("textcraft", [], difficulty="easy") == []  # nothing to select from is not an error
+
+
 def test_the_noisy_expert_makes_seeded_mistakes_on_both_benchmarks():
     tasks = pick_tasks("textcraft", difficulty="medium", count=3)
     clean = Runtime("textcraft", noisy_expert(waste=0.0, early_finish=0.0), RuntimeConfig(seed=0)).run(tasks, trees=2)

@@ -183,14 +183,14 @@ def test_rollout_settings_are_the_configs_own():
 
 
 def test_the_training_pool_filters_by_difficulty_and_the_plan_shows_it():
-    from sera_core.train.trainer import load_tasks, plan
+    from sera_core.train.trainer import plan
 
     full = load_config("textcraft/sera_full.yaml")
     assert full.difficulties == ("medium",)
-    pool = load_tasks(full)
+    pool = full.task_pool()
     assert len(pool) == 852 and {t["misc"]["difficulty"] for t in pool} == {"medium"}  # SPEC 3
     assert plan(full)["task_pool"] == {"tasks": "train", "difficulties": ["medium"], "size": 852}
-    assert len(load_tasks(full.replace(difficulties=None))) == 2522
+    assert len(full.replace(difficulties=None).task_pool()) == 2522
     with pytest.raises(ConfigError, match="difficulties"):
         load_config("textcraft/sera_full.yaml", difficulties=["trivial"])
 

@@ -656,19 +656,46 @@ def benchmark(env: str, *, official: bool = False) -> Benchmark:
     return BENCHMARKS[env](official=official)
 
 
-def pick_tasks(env: str, split: str | None = None, *, difficulty: str | Sequence[str] | None = None,
-               family: str | None = None, per_level: int | None = None, count: int | None = None) -> list[dict]:
-    """Generated task records of ``env``'s ``split`` (default: its evaluation split, TextCraft
-    val / TextWorld test), in file order: those of ``difficulty`` (one level or several) and
-    ``family`` (TextWorld), the first ``per_level`` of each level (levels in the order given),
-    then the first ``count`` of all."""
-    bench = benchmark(env)
-    records = bench.generate_split(split or bench.eval_split)
-    levels = (difficulty,) if isinstance(difficulty, str) else tuple(difficulty or bench.difficulties)
+def select_tasks(env: str, records: Sequence[dict], *, difficulty: str | Sequence[str] | None = None,
+                 family: str | None = None, per_level: int | None = None, spread: bool = False,
+                 count: int | None = None, source: str = "the task records") -> list[dict]:
+    """The one task selection: of ``env``'s ``records``, in file order, those of ``difficulty``
+    (one level or several; default every level) and ``family`` (TextWorld), the first
+    ``per_level`` of each level (levels in the order given; ``spread``: ``per_level`` spread
+    evenly over the level instead), then the first ``count`` of all.
+
+    A difficulty or family that matches no record of a non-empty ``records`` is a
+    :class:`ValueError` naming ``source``, not an empty selection."""
+    levels = (difficulty,) if isinstance(difficulty, str) else tuple(difficulty or BENCHMARKS[env].difficulties)
     if family is not None:
         records = [r for r in records if record_value(r, "task_family") == family]
-    if per_level is None:  # the file order across levels
-        picked = [r for r in records if record_value(r, "difficulty") in levels]
+    by_level = {level: [r for r in records if record_value(r, "difficulty") == level] for level in levels}
+    if records and difficulty is not None and not any(by_level.values()):
+        wanted = ", ".join(levels) + (f" (family {family})" if family else "")
+        raise ValueError(f"{source}: no task of difficulty {wanted}")
+    if per_level is None:  # the file order across levels (every record when no level is asked for)
+        picked = list(records) if difficulty is None else [r for r in records if record_value(r, "difficulty") in by_level]
     else:
-        picked = [r for level in levels for r in [r for r in records if record_value(r, "difficulty") == level][:per_level]]
+        picked = [r for level in levels
+                  for r in (by_level[level][::max(1, len(by_level[level]) // per_level)] if spread else by_level[level])[:per_level]]
     return picked[:count]
+
+
+def pick_tasks(env: str, split: str | None = None, *, official: bool = False, **selection: Any) -> list[dict]:
+    """Task records of ``env``, selected by :func:`select_tasks` (``selection``: ``difficulty``,
+    ``family``, ``per_level``, ``spread``, ``count``). ``split`` is a split name (generated
+    records; default the benchmark's evaluation split, TextCraft val / TextWorld test) or a
+    JSONL file of task records (each validated; ``official``: in the official format)."""
+    bench = benchmark(env, official=official)
+    split = split or bench.eval_split
+    if split in ("train", "val", "dev", "test") and split not in bench.splits:
+        raise ValueError(f"{env} has splits {', '.join(bench.splits)}, not {split!r}")
+    if split in bench.splits:
+        records = bench.generate_split(split)
+    else:
+        from sera_core.utils.jsonio import read_jsonl
+
+        records = list(read_jsonl(split))
+        for i, rec in enumerate(records):
+            bench.validate_record(rec, f"{split}:{i + 1}")
+    return select_tasks(env, records, source=split, **selection)

@@ -75,13 +75,8 @@ def measured_tasks(env: str, per_level: int) -> list[dict]:
     """The held-out tasks ``sera tiny measure`` plays: ``per_level`` tasks of each of the
     benchmark's ``measured_levels`` from its evaluation split (the first ones, or with
     ``measured_spread`` spread evenly over the level: TextWorld's test file is ordered by family)."""
-    bench = BENCHMARKS[env]()
-    tasks = bench.generate_split(bench.eval_split)
-    out = []
-    for level in bench.measured_levels:
-        mine = [t for t in tasks if record_value(t, "difficulty") == level]
-        out += (mine[::max(1, len(mine) // per_level)] if bench.measured_spread else mine)[:per_level]
-    return out
+    bench = BENCHMARKS[env]
+    return pick_tasks(env, difficulty=bench.measured_levels, per_level=per_level, spread=bench.measured_spread)
 
 
 def _figures(rollouts: list, env: str) -> dict[str, Any]:

@@ -213,6 +213,13 @@ class TrainConfig:
                             gpu_memory_utilization=self.engine_gpu_memory_utilization,
                             kv_cache_gib=self.engine_kv_cache_gib, dtype=self.engine_dtype, seed=self.seed)
 
+    def task_pool(self) -> list[dict]:
+        """The task records of ``tasks`` (a generated split, or a JSONL file whose records are
+        validated), those of ``difficulties`` (all when None); a difficulty no record has is an error."""
+        from sera_core.envs.registry import pick_tasks
+
+        return pick_tasks(self.env, self.tasks, official=self.task_format == "official", difficulty=self.difficulties)
+
     def rollout_settings(self, *, branches: bool = True, seed: int | None = None, **changes: Any):
         """The :class:`~sera_core.agents.runtime.RuntimeConfig` of this config's rollouts.
 

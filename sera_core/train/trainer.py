@@ -64,7 +64,7 @@ from tqdm.auto import tqdm
 from sera_core.agents.actors import as_actor
 from sera_core.agents.runtime import Rollout, Runtime
 from sera_core.agents.summary import summarize
-from sera_core.envs.registry import benchmark, record_value
+from sera_core.envs.registry import benchmark
 from sera_core.policy.checkpoints import CheckpointError, model_path, read_checkpoint
 from sera_core.rewards.execution import execution_datums
 from sera_core.rewards.leaf_credit import leaf_datums
@@ -128,25 +128,6 @@ class TimedPolicy:
         return getattr(self.policy, name)
 
 
-def load_tasks(cfg: TrainConfig) -> list[dict]:
-    """The task records of ``cfg.tasks``: a generated split or a JSONL file (validated)."""
-    bench = benchmark(cfg.env, official=cfg.task_format == "official")
-    if cfg.tasks in ("train", "val", "test"):
-        records = bench.generate_split(cfg.tasks)
-    else:
-        from sera_core.utils.jsonio import read_jsonl
-
-        records = list(read_jsonl(cfg.tasks))
-        for i, rec in enumerate(records):
-            bench.validate_record(rec, f"{cfg.tasks}:{i + 1}")
-    if cfg.difficulties is None:
-        return records
-    pool = [r for r in records if record_value(r, "difficulty") in cfg.difficulties]
-    if not pool:
-        raise ValueError(f"{cfg.tasks}: no task of difficulty {', '.join(cfg.difficulties)}")
-    return pool
-
-
 class Trainer:
     """Trains ``cfg``'s method (module docstring). ``run()`` does the updates."""
 
@@ -167,7 +148,7 @@ class Trainer:
         optimizer = torch.optim.AdamW(trained, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.policy = self._policy(path)
-        self.tasks = load_tasks(cfg)
+        self.tasks = cfg.task_pool()
         self.version = 0
         self.counters = {"tokens_trained": 0, "judge_calls": 0, "judge_tokens": 0, "external_calls": 0,
                          "external_tokens": 0}
@@ -546,7 +527,7 @@ def plan(cfg: TrainConfig) -> dict[str, Any]:
     return {
         "method": cfg.method, "env": cfg.env, "model": str(model_path(cfg)), "backend": cfg.backend,
         "task_pool": {"tasks": cfg.tasks, "difficulties": list(cfg.difficulties or ()) or "all",
-                      "size": len(load_tasks(cfg))},
+                      "size": len(cfg.task_pool())},
         "schedule": stages.schedule, "cycle_length": stages.cycle_length,
         "updates": cfg.total_updates, "updates_per_stage": stages.counts(cfg.total_updates),
         "batch": {"root_tasks": cfg.tasks_per_step, "trees_per_task": cfg.trees_per_task, "trees": trees,
