@@ -30,7 +30,7 @@ the script can be killed and restarted at any point. ``--report`` only writes th
 (means ± 95% intervals over seeds, ``1.96 * std / sqrt(n)``), ``OUT/results.json`` and the
 figure ``OUT/tiny_experiment.png`` (``--figures DIR`` copies it there) from what is done.
 
-Run in the background (hours on 2 cores; see README "The tiny experiment"):
+Run in the background (hours on 2 cores; see docs/measurements.md "The tiny experiment"):
 ``nohup .venv/bin/python scripts/tiny_experiment.py --out runs/tiny_experiment > runs/tiny_experiment.log 2>&1 &``.
 """
 

@@ -25,6 +25,23 @@ def test_pick_tasks_filters_by_level_family_and_count():
         pick_tasks("minecraft")
 
 
+def test_setup_resolves_the_smoke_switch_loads_the_config_and_checks_what_the_notebook_needs(monkeypatch):
+    from sera_core.course import setup
+    from sera_core.train.config import ConfigError
+
+    monkeypatch.delenv("SERA_SMOKE", raising=False)
+    lesson = setup("textcraft/sera_tiny.yaml", False, benchmark="textcraft", loss="cispo", native=True, trees_per_task=3)
+    assert not lesson.smoke and lesson.config.trees_per_task == 3 and lesson.scale(8, 2) == 8
+    assert lesson.settings(branches=False).counterfactual == 0 and lesson.settings().counterfactual == lesson.config.counterfactual
+    assert lesson.tasks("train", difficulty="easy", count=2) == pick_tasks("textcraft", "train", difficulty="easy", count=2)
+    monkeypatch.setenv("SERA_SMOKE", "1")  # CI's switch wins over the parameter
+    assert setup("textcraft/sera_tiny.yaml", False).scale(8, 2) == 2 and setup(None, False).config is None
+    with pytest.raises(ValueError, match="this notebook needs env: textworld"):
+        setup("textcraft/sera_tiny.yaml", True, benchmark="textworld")
+    with pytest.raises(ConfigError, match="not_a_key"):  # a bad key fails before any work, naming the key
+        setup("textcraft/sera_tiny.yaml", True, not_a_key=1)
+
+
 def test_one_selection_serves_splits_files_spread_levels_and_says_what_is_missing(tmp_path):
     from sera_core.envs.registry import select_tasks
     from sera_core.utils.jsonio import write_jsonl

@@ -29,7 +29,13 @@ def test_notebook_is_clean(path):
     code = [c for c in cells if c["cell_type"] == "code"]
     params = [c for c in code if c["metadata"].get("tags") == ["parameters"]]
     assert len(params) == 1 and re.search(r"^SMOKE = False$", "".join(params[0]["source"]), re.M)
-    assert any('os.environ.get("SERA_SMOKE") == "1"' in "".join(c["source"]) for c in code)
+    setup = "".join(code[code.index(params[0]) + 1]["source"])  # the set-up cell: one call, the rest where it is used
+    assert "course.setup(" in setup and len(setup.strip().splitlines()) <= 6, "the set-up cell is course.setup, <= 6 lines"
+    imported = re.findall(r"^from (sera_core[\w.]*) import (.+)$", "\n".join("".join(c["source"]) for c in code), re.M)
+    for module, names in imported:  # the public pieces: no private name, nothing from the trainer but Trainer and plan
+        names = {n.split(" as ")[0].strip() for n in names.split(",")}
+        assert not any(n.startswith("_") for n in names), f"{module}: a private name"
+        assert module != "sera_core.train.trainer" or names <= {"Trainer", "plan"}, f"trainer internals: {names}"
     assert any(re.search(r"^\s*assert ", "".join(c["source"]), re.M) for c in code), "a notebook asserts what it shows"
     for cell in code:
         assert set(cell["metadata"]) <= {"tags"}

@@ -202,3 +202,27 @@ def test_logprob_by_sign_of_rescored_rows_equals_the_updates_own_measure(model_a
     assert stats["logprob_pos_mean"] == pytest.approx(scored["pos"], abs=1e-5)
     assert stats["logprob_neg_mean"] == pytest.approx(scored["neg"], abs=1e-5)
     assert scored["pos"] == pytest.approx(logprob_by_sign(rows)["pos"], abs=1e-5)  # the rows' own model
+
+
+def test_one_small_step_raises_the_advantage_weighted_logprob_the_update_measured(model_and_rows):
+    """``advantage_weighted_logprob`` is ``sum A log pi / N`` over trained tokens; the update
+    reports it before its step, and one small AdamW step on the same rows raises it (the
+    direction notebook 08's smoke setting asserts)."""
+    import copy
+
+    from sera_core.train.update import advantage_weighted_logprob
+
+    shared, spec = model_and_rows
+    model = copy.deepcopy(shared)  # the fixture's model is shared by the module's tests
+    rows = _rows(model, spec[:2], 1.0) + _rows(model, spec[2:], -0.5)
+    manual = [a * lp for r in rows for lp, t, a in zip(r.old_logprobs, r.trained, r.advantage, strict=True) if t]
+    assert advantage_weighted_logprob(rows) == pytest.approx(sum(manual) / len(manual))
+    assert advantage_weighted_logprob([]) is None
+    lora = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(lora, lr=1e-4)
+    stats = loss_and_backward(model, rows, pad_id=0, total_tokens=sum(r.tokens for r in rows), micro_batch_tokens=20)
+    assert stats["logprob_weighted_mean"] == pytest.approx(advantage_weighted_logprob(rescored(model, rows, pad_id=0)),
+                                                           abs=1e-5)
+    optimizer.step()
+    model.zero_grad(set_to_none=True)
+    assert advantage_weighted_logprob(rescored(model, rows, pad_id=0)) > stats["logprob_weighted_mean"]

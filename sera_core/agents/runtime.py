@@ -114,7 +114,7 @@ class RuntimeConfig:
     """Completion cap per agent turn (None: the benchmark's, TextCraft 512, TextWorld 3,072)."""
     call_max_new_tokens: int = 1024
     """Completion cap of rubric and scoring calls (they also end at the token that closes
-    their first JSON object: ``SamplingParams.stop_json``, a departure listed in the README)."""
+    their first JSON object: ``SamplingParams.stop_json``, a departure listed in docs/fidelity.md)."""
     max_context_tokens: int | None = None
     """An agent's context limit (None: the benchmark's, TextCraft 10,240, TextWorld 13,312)."""
     counterfactual: int = 0

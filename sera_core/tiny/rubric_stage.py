@@ -1,4 +1,4 @@
-"""The rubric stage on fixed branches: curve 1 of the tiny experiment (README "Learning curves").
+"""The rubric stage on fixed branches: curve 1 of the tiny experiment (docs/measurements.md).
 
 SERA's rubric-generation stage trains the rubric writer by how well the rubric lets the
 scorer rank the B counterfactual branches of a delegation point (SPEC 3). In a full run the

@@ -173,6 +173,18 @@ def logprob_by_sign(rows: Sequence[TokenRow]) -> dict[str, float | None]:
     return out
 
 
+def advantage_weighted_logprob(rows: Sequence[TokenRow]) -> float | None:
+    """``sum_t A_t log pi(x_t) / N`` over the trained positions of ``rows`` (``old_logprobs``:
+    the sampling policy's, or after :func:`rescored` the rescoring model's); None without any.
+
+    The objective that CISPO's gradient follows at ratio 1 (on-policy, weights not clipped):
+    ``grad J_CISPO = (1/N) sum_t A_t grad log pi(x_t)``. A small enough step along it raises
+    this number; measured before and after one update on the same rows, its change says
+    whether the step moved probability the way the advantages ask, both signs at once."""
+    values = [a * lp for r in rows for lp, t, a in zip(r.old_logprobs, r.trained, r.advantage, strict=True) if t]
+    return sum(values) / len(values) if values else None
+
+
 def process_share(groups: Sequence[list[TokenRow]], part: tuple[int, int]) -> list[list[TokenRow]]:
     """Micro-batches ``i::P`` of ``groups`` for ``part=(i, P)``, padded to ``ceil(M / P)``
     with zero-weight copies of the first row (module docstring); ``[]`` when ``M = 0``."""
@@ -200,7 +212,8 @@ def loss_and_backward(model, rows: Sequence[TokenRow], *, pad_id: int, total_tok
     trained tokens, the sums of its clip statistics over tokens (``*_sum``: add them
     over processes, divide by the tokens) and their token-weighted means, and the mean
     ``log pi_theta`` (before this step) of its trained tokens with a positive and with a
-    negative advantage (``logprob_pos_mean``, ``logprob_neg_mean``; None without such tokens)."""
+    negative advantage (``logprob_pos_mean``, ``logprob_neg_mean``; None without such tokens)
+    and their advantage-weighted mean (``logprob_weighted_mean``, :func:`advantage_weighted_logprob`)."""
     device = next(model.parameters()).device
     backward = backward or (lambda t: t.backward())
     bounds = cispo or CISPOConfig()
@@ -209,6 +222,7 @@ def loss_and_backward(model, rows: Sequence[TokenRow], *, pad_id: int, total_tok
     scale = 1.0 / max(total_tokens, 1) if loss == "grpo" or bounds.reduction == "token_mean" else 1.0
     sums = {"loss": 0.0, "clip_fraction_low": 0.0, "clip_fraction_high": 0.0, "ratio_mean": 0.0, "tokens": 0.0}
     by_sign = {"pos": [0.0, 0], "neg": [0.0, 0]}  # log pi_theta sum and count of trained tokens by sign of A
+    weighted = 0.0  # sum of A * log pi_theta over trained tokens
     for group in process_share(micro_batches(rows, micro_batch_tokens), part):
         b = _tensors(group, pad_id, device)
         mask, old, adv = b["trained"][:, 1:], b["old"][:, 1:], b["advantage"][:, 1:]
@@ -221,6 +235,7 @@ def loss_and_backward(model, rows: Sequence[TokenRow], *, pad_id: int, total_tok
         for sign, where in (("pos", mask & (adv > 0)), ("neg", mask & (adv < 0))):
             by_sign[sign][0] += float(logp.detach()[where].sum())
             by_sign[sign][1] += int(where.sum())
+        weighted += float((adv * logp.detach())[mask].sum())
         sums["loss"] += float(total.detach()) * scale
         for key in ("clip_fraction_low", "clip_fraction_high", "ratio_mean"):
             sums[key] += stats[key] * stats["tokens"]
@@ -229,4 +244,5 @@ def loss_and_backward(model, rows: Sequence[TokenRow], *, pad_id: int, total_tok
     keys = ("clip_fraction_low", "clip_fraction_high", "ratio_mean")
     return {"loss": sums["loss"], "tokens": n, **{f"{k}_sum": sums[k] for k in keys},
             **{k: (sums[k] / n if n else 0.0) for k in keys},
-            **{f"logprob_{sign}_mean": (lp_sum / count if count else None) for sign, (lp_sum, count) in by_sign.items()}}
+            **{f"logprob_{sign}_mean": (lp_sum / count if count else None) for sign, (lp_sum, count) in by_sign.items()},
+            "logprob_weighted_mean": weighted / n if n else None}
