@@ -21,7 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("utilities", ("utils", "rubrics")),
+    ("utilities", ("utils", "rubrics", "chat_endpoint")),
     ("benchmarks", ("envs", "judges")),
     ("policies", ("policy",)),
     ("agents", ("agents",)),

@@ -14,8 +14,9 @@ ranking loss only compares branches that have a label, so a judge must be able t
   goal is written in the canonical form; any other goal gets no label.
 * :class:`LLMJudge` (here) - the paper's TextWorld judge (Kimi in the paper): any
   OpenAI-compatible chat-completions endpoint, asked for strict JSON
-  ``{"success": bool, "reason": str}`` about a goal, a trajectory and a final state, with
-  retries, a response cache and token accounting. It never raises: network errors and
+  ``{"success": bool, "reason": str}`` about a goal, a trajectory and a final state. The
+  requests (retries, the response cache, token accounting) go through
+  :class:`sera_core.chat_endpoint.ChatEndpoint`. It never raises: network errors and
   unparseable replies give no label.
 * :class:`~sera_core.envs.textworld.verifier.CanonicalOrLLM` - TextWorld with an LLM judge
   configured (``judge: llm``): a goal in the canonical form is checked by the program, any
@@ -46,7 +47,7 @@ TextWorld the judge's input tokens): every judge keeps a :class:`JudgeStats` in
 * ``requests`` - HTTP requests sent (an LLM call with retries sends several);
 * ``input_tokens`` / ``output_tokens`` - the endpoint's ``usage.prompt_tokens`` and
   ``usage.completion_tokens`` (estimated when the endpoint omits them; see
-  :class:`LLMJudge`); program judges spend none.
+  :mod:`sera_core.chat_endpoint`); program judges spend none.
 
 Every judge returns the same verdict type and keeps the same counters (Table 2's cost). A
 judge that may wait on a network says so with ``remote = True``: the runtime calls it off the
@@ -55,20 +56,15 @@ event loop.
 
 from __future__ import annotations
 
-import hashlib
-import http.client
 import json
-import os
 import re
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
+from sera_core.chat_endpoint import ChatEndpoint, ChatEndpointConfig, EndpointStats
 from sera_core.utils.text import truncate_middle
 
 __all__ = [
@@ -76,7 +72,6 @@ __all__ = [
     "JudgeStats",
     "JudgeVerdict",
     "LLMJudge",
-    "LLMJudgeConfig",
     "parse_judge_output",
     "truncate_middle",
 ]
@@ -106,19 +101,11 @@ class JudgeVerdict:
 
 
 @dataclass
-class JudgeStats:
-    """Counters of one judge (see the module docstring for what each one means)."""
+class JudgeStats(EndpointStats):
+    """Counters of one judge: an external supervisor's (:class:`~sera_core.chat_endpoint.EndpointStats`)
+    and ``unlabeled`` (see the module docstring for what each one means for a judge)."""
 
-    calls: int = 0
-    cache_hits: int = 0
-    failures: int = 0
     unlabeled: int = 0
-    requests: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
 
 
 class CountingJudge:
@@ -198,238 +185,52 @@ def parse_judge_output(content: Any) -> tuple[bool, str] | None:
     return obj["success"], obj["reason"]
 
 
-@dataclass(frozen=True)
-class LLMJudgeConfig:
-    """How to reach an OpenAI-compatible chat-completions endpoint used as a judge."""
-
-    base_url: str = "http://127.0.0.1:8000/v1"
-    """Root of the API; requests go to ``{base_url}/chat/completions``."""
-    model: str = "judge"
-    """Model name sent in every request (part of the cache key)."""
-    api_key_env: str | None = "SERA_JUDGE_API_KEY"
-    """Name of the environment variable that holds the API key (the key itself is never
-    stored in the config or written to logs). Unset or empty: no Authorization header."""
-    timeout_s: float = 60.0
-    """Socket timeout of one HTTP request, in seconds."""
-    max_retries: int = 4
-    """Retries after the first attempt, on connection errors, timeouts, HTTP 429 and 5xx
-    (other 4xx are not retried)."""
-    backoff_s: float = 1.0
-    """Exponential backoff base: the k-th retry waits ``backoff_s * 2**(k-1)`` seconds."""
-    temperature: float = 0.0
-    """Sampling temperature (0: the judge should be deterministic)."""
-    max_tokens: int = 256
-    """Completion budget of one reply."""
-    cache_path: str | None = None
-    """Optional JSONL response cache, keyed by sha256 of (model, messages): loaded when
-    the judge starts, one line appended atomically per new parsed answer."""
-    max_trajectory_chars: int = 48_000
-    """Trajectories longer than this are cut in the middle (0: never cut)."""
-
-
-class _RequestError(Exception):
-    def __init__(self, message: str, retryable: bool):
-        super().__init__(message)
-        self.retryable = retryable
-        self.attempts = 1
-
-
 class LLMJudge(CountingJudge):
     """An LLM judge over any OpenAI-compatible ``/chat/completions`` endpoint.
 
-    ``judge(goal, trajectory, final_state)`` sends a short system + user prompt asking
-    for strict JSON ``{"success": bool, "reason": str}`` and returns a
-    :class:`JudgeVerdict`. It never raises: after all retries a network failure is
-    ``success=None`` with the error in ``reason``; an unparseable reply is
-    ``success=None`` with reason ``unparseable judge output: ...``; both count as
-    failures.
+    ``judge(goal, trajectory, final_state)`` sends a short system + user prompt
+    (:func:`build_messages`) asking for strict JSON ``{"success": bool, "reason": str}`` and
+    returns a :class:`JudgeVerdict`. It never raises: after all retries a network failure is
+    ``success=None`` with reason ``judge request failed: ...``; a reply that is not such an
+    object (:func:`parse_judge_output`) is ``success=None`` with reason ``unparseable judge
+    output: ...``; both count as failures.
 
-    Tokens: ``usage.prompt_tokens`` / ``usage.completion_tokens`` of the response are
-    counted. If the endpoint omits ``usage`` (or a field of it), the count is
-    *estimated* as ``len(text) // 4`` of the prompt messages' text (input) or of the
-    reply's content (output). Tokens of an unparseable reply are counted too (they were
-    spent); failed requests spend none.
+    The requests go through a :class:`~sera_core.chat_endpoint.ChatEndpoint` built from
+    ``endpoint`` (``.endpoint``): retries with backoff, the tokens spent (the endpoint's
+    ``usage``, estimated when it omits it; an unparseable reply's tokens count, they were
+    spent) and, with ``endpoint.cache``, a cache of the parseable verdicts only (optionally
+    in the JSONL file ``endpoint.cache_path``): unparseable replies and errors are asked
+    again. A cache hit returns ``cached=True``, counts in ``cache_hits`` (not ``calls``) and
+    spends no tokens. Trajectories longer than ``max_trajectory_chars`` are cut in the middle
+    (0: never cut). ``sleep`` is called between retries.
 
-    Cache: with ``config.cache_path`` every parsed answer is appended to a JSONL file
-    keyed by ``sha256(json([model, messages]))`` and loaded when a judge starts; a hit
-    returns ``cached=True``, counts in ``cache_hits`` (not ``calls``) and spends no
-    tokens. Unparseable replies and errors are not cached, so they are asked again.
-    Two threads missing the same key at once may both ask the endpoint.
-
-    ``sleep`` (default :func:`time.sleep`) is called between retries; tests inject one
-    that records the delays. Counters and the cache are guarded by a lock, so branches
-    may be judged from several threads.
+    Counters are guarded by a lock, so branches may be judged from several threads.
     """
 
     remote = True
     """It waits on an endpoint: the runtime calls it off the event loop."""
 
-    def __init__(self, config: LLMJudgeConfig, *, sleep: Callable[[float], None] = time.sleep):
+    def __init__(self, endpoint: ChatEndpointConfig, *, max_trajectory_chars: int = 48_000,
+                 sleep: Callable[[float], None] = time.sleep):
         super().__init__()
-        self.config = config
-        self.name = f"llm:{config.model}"
-        self._sleep = sleep
-        self._cache: dict[str, dict[str, Any]] = {}
-        self._cache_needs_newline = False
-        self._cache_lock = threading.Lock()
-        if config.cache_path:
-            self._load_cache(Path(config.cache_path))
+        self.endpoint = ChatEndpoint(endpoint, keep=lambda content: parse_judge_output(content) is not None,
+                                     sleep=sleep)
+        self.name = f"llm:{endpoint.model}"
+        self.max_trajectory_chars = max_trajectory_chars
 
-    # -- cache -------------------------------------------------------------------------------
-    def cache_key(self, messages: list[dict[str, str]]) -> str:
-        blob = json.dumps([self.config.model, messages], sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-        return hashlib.sha256(blob.encode("utf-8")).hexdigest()
-
-    def _load_cache(self, path: Path) -> None:
-        if not path.exists():
-            return
-        data = path.read_bytes()
-        self._cache_needs_newline = bool(data) and not data.endswith(b"\n")
-        for line in data.decode("utf-8", errors="replace").splitlines():
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a torn line from an interrupted write
-            if not isinstance(entry, dict) or not isinstance(entry.get("key"), str):
-                continue
-            if parse_judge_output(entry.get("content")) is not None:
-                self._cache[entry["key"]] = entry
-
-    def _append_cache(self, entry: dict[str, Any]) -> None:
-        with self._cache_lock:
-            self._cache[entry["key"]] = entry
-            if not self.config.cache_path:
-                return
-            path = Path(self.config.cache_path)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            line = json.dumps(entry, ensure_ascii=False) + "\n"
-            if self._cache_needs_newline:
-                line = "\n" + line
-            # One write() of the whole line on an O_APPEND descriptor: the line lands whole
-            # at the end of the file, even with other appenders.
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, line.encode("utf-8"))
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            self._cache_needs_newline = False
-
-    # -- judging -----------------------------------------------------------------------------
     def judge(self, goal: str, trajectory: str, final_state: str) -> JudgeVerdict:
-        """Ask the judge whether ``goal`` was accomplished (see the class docstring)."""
-        messages = build_messages(goal, trajectory, final_state, max_chars=self.config.max_trajectory_chars)
-        key = self.cache_key(messages)
-        with self._cache_lock:
-            hit = self._cache.get(key)
-        if hit is not None:
-            success, reason = parse_judge_output(hit["content"])  # type: ignore[misc]
-            return self._record(JudgeVerdict(success, reason, self.name, cached=True))
-
-        try:
-            response, requests = self._post_with_retries(messages)
-        except _RequestError as exc:
-            verdict = JudgeVerdict(None, f"judge request failed: {exc}", self.name)
-            return self._record(verdict, failure=True, requests=exc.attempts)
-
-        content = None
-        try:
-            content = response["choices"][0]["message"]["content"]
-        except (KeyError, IndexError, TypeError):
-            pass
-        usage = response.get("usage") if isinstance(response, dict) else None
-        usage = usage if isinstance(usage, dict) else {}
-        prompt_text = "".join(m["content"] for m in messages)
-        input_tokens = usage.get("prompt_tokens")
-        output_tokens = usage.get("completion_tokens")
-        if not isinstance(input_tokens, int) or isinstance(input_tokens, bool):
-            input_tokens = len(prompt_text) // 4
-        if not isinstance(output_tokens, int) or isinstance(output_tokens, bool):
-            output_tokens = len(content) // 4 if isinstance(content, str) else 0
-
-        parsed = parse_judge_output(content)
+        """The verdict of the endpoint's model on whether ``goal`` was accomplished (see the
+        class docstring), counted."""
+        reply = self.endpoint.chat(build_messages(goal, trajectory, final_state, max_chars=self.max_trajectory_chars))
+        if not reply.answered:
+            return self._record(JudgeVerdict(None, f"judge request failed: {reply.error}", self.name), failure=True,
+                                requests=reply.requests)
+        parsed = parse_judge_output(reply.content)
         if parsed is None:
-            shown = content if isinstance(content, str) else json.dumps(response)[:300]
-            verdict = JudgeVerdict(None, f"unparseable judge output: {shown[:300]!r}", self.name,
-                                   input_tokens, output_tokens)
-            return self._record(verdict, failure=True, requests=requests)
+            shown = reply.content if reply.content is not None else reply.error
+            verdict = JudgeVerdict(None, f"unparseable judge output: {shown[:300]!r}", self.name, reply.input_tokens,
+                                   reply.output_tokens)
+            return self._record(verdict, failure=True, requests=reply.requests)
         success, reason = parsed
-        self._append_cache({"key": key, "model": self.config.model, "content": content,
-                            "prompt_tokens": input_tokens, "completion_tokens": output_tokens})
-        return self._record(JudgeVerdict(success, reason, self.name, input_tokens, output_tokens), requests=requests)
-
-    # -- HTTP ---------------------------------------------------------------------------------
-    def _headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        key = os.environ.get(self.config.api_key_env) if self.config.api_key_env else None
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        return headers
-
-    def chat(self, messages: list[dict[str, str]], *, temperature: float | None = None,
-             max_tokens: int | None = None) -> dict[str, Any]:
-        """One free-form chat completion from the same endpoint (e.g. an external model that
-        writes or scores rubrics). Never raises; returns ``content`` (None on failure),
-        ``error``, ``requests``, ``input_tokens`` and ``output_tokens`` (estimated like the
-        judge's when the endpoint omits ``usage``); the judge's counters are not touched."""
-        try:
-            response, requests = self._post_with_retries(messages, temperature, max_tokens)
-        except _RequestError as exc:
-            return {"content": None, "error": str(exc), "requests": exc.attempts, "input_tokens": 0, "output_tokens": 0}
-        try:
-            content = response["choices"][0]["message"]["content"]
-        except (KeyError, IndexError, TypeError):
-            content = None
-        usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
-        tokens_in, tokens_out = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        if not isinstance(tokens_in, int) or isinstance(tokens_in, bool):
-            tokens_in = len("".join(m["content"] for m in messages)) // 4
-        if not isinstance(tokens_out, int) or isinstance(tokens_out, bool):
-            tokens_out = len(content) // 4 if isinstance(content, str) else 0
-        error = None if isinstance(content, str) else "the reply holds no message content"
-        return {"content": content if isinstance(content, str) else None, "error": error, "requests": requests,
-                "input_tokens": tokens_in, "output_tokens": tokens_out}
-
-    def _post_with_retries(self, messages: list[dict[str, str]], temperature: float | None = None,
-                           max_tokens: int | None = None) -> tuple[dict[str, Any], int]:
-        cfg = self.config
-        body = json.dumps({"model": cfg.model, "messages": messages,
-                           "temperature": cfg.temperature if temperature is None else temperature,
-                           "max_tokens": cfg.max_tokens if max_tokens is None else max_tokens}).encode("utf-8")
-        url = cfg.base_url.rstrip("/") + "/chat/completions"
-        attempts = 0
-        while True:
-            attempts += 1
-            try:
-                return self._post_once(url, body), attempts
-            except _RequestError as exc:
-                if not exc.retryable or attempts > cfg.max_retries:
-                    exc.attempts = attempts
-                    if attempts > 1:
-                        exc.args = (f"{exc} (after {attempts} attempts)",)
-                    raise
-            self._sleep(cfg.backoff_s * 2 ** (attempts - 1))
-
-    def _post_once(self, url: str, body: bytes) -> dict[str, Any]:
-        request = urllib.request.Request(url, data=body, headers=self._headers(), method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=self.config.timeout_s) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as exc:
-            try:
-                detail = exc.read().decode("utf-8", errors="replace")[:200]
-            except Exception:  # noqa: BLE001 - the body is only for the message
-                detail = ""
-            retryable = exc.code == 429 or exc.code >= 500
-            raise _RequestError(f"HTTP {exc.code} {exc.reason}: {detail}".rstrip(": "), retryable) from None
-        except urllib.error.URLError as exc:
-            kind = "timeout" if isinstance(exc.reason, TimeoutError) else "connection error"
-            raise _RequestError(f"{kind}: {exc.reason}", True) from None
-        except (TimeoutError, OSError, http.client.HTTPException) as exc:
-            kind = "timeout" if isinstance(exc, TimeoutError) else "connection error"
-            raise _RequestError(f"{kind}: {exc or type(exc).__name__}", True) from None
-        try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            data = {"choices": [{"message": {"content": None}}], "_raw": raw[:300].decode("utf-8", "replace")}
-        return data if isinstance(data, dict) else {"_raw": str(data)[:300]}
+        return self._record(JudgeVerdict(success, reason, self.name, reply.input_tokens, reply.output_tokens,
+                                         reply.cached), requests=reply.requests)

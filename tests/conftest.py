@@ -1,10 +1,12 @@
-"""Shared fixtures: the default world and small task splits (cached per session)."""
+"""Shared fixtures: the default world and small task splits (cached per session), and a local
+chat-completions server (tests/http_endpoint.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from http_endpoint import Endpoint
 
 from sera_core.envs.textcraft.tasks import TaskConfig, generate_split, world_for
 
@@ -27,3 +29,11 @@ def official_dir() -> Path:
     if not OFFICIAL_DIR.is_dir():
         pytest.skip("official benchmark samples are not present")
     return OFFICIAL_DIR
+
+
+@pytest.fixture
+def endpoint():
+    """A scripted OpenAI-compatible server on 127.0.0.1 (tests/http_endpoint.py), closed after the test."""
+    ep = Endpoint()
+    yield ep
+    ep.close()

@@ -197,7 +197,7 @@ def test_an_external_writer_needs_an_endpoint(tmp_path, capsys):
 
     assert external_actor("policy", "policy", None, None) is None
     actor = external_actor("external", "policy", "http://127.0.0.1:9/v1", "judge-model")
-    assert isinstance(actor, ExternalChatActor) and actor.client.config.base_url == "http://127.0.0.1:9/v1"
+    assert isinstance(actor, ExternalChatActor) and actor.endpoint.config.base_url == "http://127.0.0.1:9/v1"
     with pytest.raises(ValueError, match="needs an endpoint"):
         external_actor("policy", "external", None, None)
     tasks = tmp_path / "dev.jsonl"

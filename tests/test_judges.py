@@ -3,15 +3,15 @@ real local HTTP server (127.0.0.1, port 0) that serves scripted chat-completions
 
 from __future__ import annotations
 
+import hashlib
 import json
-import socket
 import threading
-import time
 
 import pytest
-from http_endpoint import GOOD, Endpoint, completion
+from http_endpoint import completion
 from textworld_records import make_record
 
+from sera_core.chat_endpoint import ChatEndpointConfig, EndpointStats
 from sera_core.envs.textcraft.env import CraftWorld, TextCraftEnv
 from sera_core.envs.textcraft.verifier import TextCraftVerifier
 from sera_core.envs.textcraft.world import Recipe, RecipeBook
@@ -23,7 +23,7 @@ from sera_core.judges import (
     JudgeStats,
     JudgeVerdict,
     LLMJudge,
-    LLMJudgeConfig,
+    build_messages,
     parse_judge_output,
     truncate_middle,
 )
@@ -99,13 +99,7 @@ def test_textworld_verifier_labels_canonical_goals_only():
 
 
 # -- the LLM judge against a real local server -------------------------------------------------
-
-@pytest.fixture
-def endpoint():
-    ep = Endpoint()
-    yield ep
-    ep.close()
-
+# (the HTTP itself, retries, timeouts and the cache file: tests/test_chat_endpoint.py)
 
 @pytest.fixture
 def make_judge(endpoint):
@@ -114,31 +108,23 @@ def make_judge(endpoint):
     def make(**kw):
         cfg = {"base_url": endpoint.url, "model": "kimi-test", "api_key_env": "SERA_TEST_JUDGE_KEY",
                "timeout_s": 5.0, "max_retries": 3, "backoff_s": 0.5, "max_tokens": 64, **kw}
-        return LLMJudge(LLMJudgeConfig(**cfg), sleep=sleeps.append)
+        return LLMJudge(ChatEndpointConfig(**cfg), sleep=sleeps.append)
 
     make.sleeps = sleeps
     return make
 
 
-def test_good_reply_and_the_request_sent(endpoint, make_judge, monkeypatch):
-    monkeypatch.delenv("SERA_TEST_JUDGE_KEY", raising=False)
+def test_good_reply_and_the_prompt_sent(endpoint, make_judge):
     judge = make_judge()
     v = judge.judge("bring the carrot", "[turn 1] take carrot", "Counter: carrot (grilled, diced)")
     assert v == JudgeVerdict(True, "the carrot is on the counter", "llm:kimi-test", 11, 5, False)
     req = endpoint.received[0]
-    assert req["path"] == "/v1/chat/completions"
     assert req["body"]["model"] == "kimi-test" and req["body"]["temperature"] == 0.0
-    assert req["body"]["max_tokens"] == 64
     system, user = req["body"]["messages"]
     assert system["role"] == "system" and '"success"' in system["content"]
     assert user["role"] == "user" and "bring the carrot" in user["content"]
     assert "[turn 1] take carrot" in user["content"] and "Counter: carrot" in user["content"]
-    assert "Authorization" not in req["headers"]
-
-    monkeypatch.setenv("SERA_TEST_JUDGE_KEY", "sekret-123")
     judge.judge("another goal", "t", "s")
-    assert endpoint.received[1]["headers"]["Authorization"] == "Bearer sekret-123"
-    assert "sekret-123" not in repr(judge.config)
     assert judge.stats == JudgeStats(calls=2, requests=2, input_tokens=22, output_tokens=10)
 
 
@@ -155,7 +141,7 @@ def test_garbage_reply_is_no_label_and_a_failure(endpoint, make_judge):
     v = judge.judge("g", "t", "s")
     assert v.success is None and v.reason.startswith("unparseable judge output: ") and "I think" in v.reason
     v2 = judge.judge("g2", "t", "s")
-    assert v2.success is None and v2.reason.startswith("unparseable judge output")
+    assert v2.success is None and v2.reason.startswith("unparseable judge output") and "bad gateway" in v2.reason
     assert judge.stats == JudgeStats(calls=2, failures=2, unlabeled=2, requests=2, input_tokens=40 + v2.input_tokens,
                                      output_tokens=9)
     assert make_judge.sleeps == []  # a bad reply is not retried
@@ -181,69 +167,19 @@ def test_parser_accepts_plain_and_fenced_objects():
     assert parse_judge_output('```\n{"success": false, "reason": "no"}\n```') == (False, "no")
 
 
-def test_missing_usage_is_estimated(endpoint, make_judge):
-    content = '{"success": true, "reason": "' + "r" * 40 + '"}'
-    endpoint.push(body=completion(content, usage=None))
-    v = make_judge().judge("goal " * 20, "trajectory", "state")
-    assert v.success is True and v.output_tokens == len(content) // 4
-    messages = endpoint.received[0]["body"]["messages"]
-    assert v.input_tokens == len("".join(m["content"] for m in messages)) // 4 > 20
-
-
-def test_server_errors_are_retried_with_exponential_backoff(endpoint, make_judge):
-    endpoint.push(500, {"error": "boom"})
-    endpoint.push(503, {"error": "busy"})
-    endpoint.push(429, {"error": "slow down"})
-    judge = make_judge()
-    v = judge.judge("g", "t", "s")
-    assert v.success is True and endpoint.count == 4
-    assert make_judge.sleeps == [0.5, 1.0, 2.0]
-    assert judge.stats == JudgeStats(calls=1, requests=4, input_tokens=11, output_tokens=5)
-
-
-def test_retries_run_out_into_no_label(endpoint, make_judge):
+def test_a_failed_request_is_no_label_and_a_failure(endpoint, make_judge):
     for _ in range(3):
         endpoint.push(502, {"error": "down"})
     judge = make_judge(max_retries=2)
     v = judge.judge("g", "t", "s")
-    assert v.success is None and "HTTP 502" in v.reason and "after 3 attempts" in v.reason
-    assert endpoint.count == 3 and make_judge.sleeps == [0.5, 1.0]
+    assert v.success is None and v.reason.startswith("judge request failed: HTTP 502")
+    assert "after 3 attempts" in v.reason and make_judge.sleeps == [0.5, 1.0]
     assert judge.stats == JudgeStats(calls=1, failures=1, unlabeled=1, requests=3)
 
 
-def test_client_errors_are_not_retried(endpoint, make_judge):
-    endpoint.push(400, {"error": "bad model"})
-    judge = make_judge()
-    v = judge.judge("g", "t", "s")
-    assert v.success is None and "HTTP 400" in v.reason and "bad model" in v.reason
-    assert endpoint.count == 1 and make_judge.sleeps == []
-    assert judge.stats.failures == 1 and judge.stats.requests == 1
-
-
-def test_slow_server_times_out_and_gives_no_label(endpoint, make_judge):
-    endpoint.push(body=GOOD, delay=1.5)
-    endpoint.push(body=GOOD, delay=1.5)
-    judge = make_judge(timeout_s=0.2, max_retries=1)
-    start = time.monotonic()
-    v = judge.judge("g", "t", "s")
-    assert time.monotonic() - start < 1.2  # two 0.2 s attempts, never the server's 1.5 s
-    assert v.success is None and "timeout" in v.reason and "after 2 attempts" in v.reason
-    assert endpoint.count == 2 and make_judge.sleeps == [0.5]
-
-
-def test_connection_refused_gives_no_label(make_judge):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again: nobody listens there
-    judge = make_judge(base_url=f"http://127.0.0.1:{port}/v1", max_retries=2)
-    v = judge.judge("g", "t", "s")
-    assert v.success is None and "connection error" in v.reason
-    assert make_judge.sleeps == [0.5, 1.0] and judge.stats.failures == 1 and judge.stats.requests == 3
-
-
-def test_cache_hits_skip_the_server_and_reload_from_disk(endpoint, make_judge, tmp_path):
+def test_the_cache_keeps_verdicts_only_and_an_existing_cache_file_loads(endpoint, make_judge, tmp_path):
     path = tmp_path / "cache" / "judge.jsonl"
-    judge = make_judge(cache_path=str(path))
+    judge = make_judge(cache=True, cache_path=str(path))
     first = judge.judge("bring the carrot", "t", "s")
     again = judge.judge("bring the carrot", "t", "s")
     assert first.success is True and not first.cached
@@ -251,23 +187,27 @@ def test_cache_hits_skip_the_server_and_reload_from_disk(endpoint, make_judge, t
     assert endpoint.count == 1
     assert judge.stats == JudgeStats(calls=1, cache_hits=1, requests=1, input_tokens=11, output_tokens=5)
 
-    endpoint.push(body=completion("garbage"))  # unparseable replies are not cached
+    endpoint.push(body=completion("garbage"))  # unparseable replies are not cached: asked again
     assert judge.judge("other goal", "t", "s").success is None
-    lines = path.read_text().splitlines()
-    assert len(lines) == 1 and json.loads(lines[0])["key"] == judge.cache_key(
-        endpoint.received[0]["body"]["messages"])
+    assert judge.judge("other goal", "t", "s").success is True and endpoint.count == 3
+    assert len(path.read_text().splitlines()) == 2
 
-    with path.open("a") as fh:
-        fh.write('{"key": "torn')  # an interrupted write leaves a torn last line
-    reloaded = make_judge(cache_path=str(path))
-    assert reloaded.judge("bring the carrot", "t", "s").cached and endpoint.count == 2
-    assert reloaded.stats == JudgeStats(cache_hits=1)
-    assert reloaded.judge("fresh goal", "t", "s").success is True and endpoint.count == 3
-    valid = [json.loads(line) for line in path.read_text().splitlines()[::2]]  # the new entry is on its own line
-    assert len(valid) == 2 and make_judge(cache_path=str(path)).judge("fresh goal", "t", "s").cached
+    # a cache file as the judge wrote it before the endpoint client existed: a verdict, and a
+    # line whose content is no verdict (not loaded: that goal is asked)
+    def key(goal):
+        blob = json.dumps(["kimi-test", build_messages(goal, "t", "s", max_chars=48_000)], sort_keys=True,
+                          ensure_ascii=False, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
 
-    other_model = make_judge(cache_path=str(path), model="other")  # the model is part of the key
-    assert not other_model.judge("bring the carrot", "t", "s").cached and endpoint.count == 4
+    old = tmp_path / "old.jsonl"
+    old.write_text(json.dumps({"key": key("an old goal"), "model": "kimi-test",
+                               "content": '{"success": false, "reason": "from last week"}',
+                               "prompt_tokens": 900, "completion_tokens": 12}) + "\n"
+                   + json.dumps({"key": key("a garbled goal"), "model": "kimi-test", "content": "no verdict"}) + "\n")
+    reloaded = make_judge(cache=True, cache_path=str(old))
+    assert reloaded.judge("an old goal", "t", "s") == JudgeVerdict(False, "from last week", "llm:kimi-test", 0, 0, True)
+    assert endpoint.count == 3 and reloaded.stats == JudgeStats(cache_hits=1)
+    assert not reloaded.judge("a garbled goal", "t", "s").cached and endpoint.count == 4
 
 
 def test_concurrent_judging_keeps_exact_counts(endpoint, make_judge):
@@ -289,6 +229,7 @@ def test_concurrent_judging_keeps_exact_counts(endpoint, make_judge):
     assert not errors and len(results) == 40 and all(v.success for v in results)
     assert endpoint.count == 40
     assert judge.stats == JudgeStats(calls=40, requests=40, input_tokens=440, output_tokens=200)
+    assert judge.endpoint.stats == EndpointStats(calls=40, requests=40, input_tokens=440, output_tokens=200)
 
 
 def test_a_free_form_goal_goes_to_the_llm_with_the_rendered_textworld_child(endpoint, make_judge):

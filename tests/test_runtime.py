@@ -489,15 +489,15 @@ def test_external_model_over_http_writes_and_scores(tokenizer):
     from http_endpoint import Endpoint, completion
 
     from sera_core.agents.actors import ExternalChatActor
-    from sera_core.judges import LLMJudge, LLMJudgeConfig
+    from sera_core.chat_endpoint import ChatEndpoint, ChatEndpointConfig
 
     good = json.dumps({"success": True, "criterion_scores": [{"name": n, "score": 1.0} for n in ITEMS]})
     endpoint = Endpoint()
     try:
         endpoint.push(body=completion(GOOD_RUBRIC, usage=(300, 120)))
         endpoint.push(body=completion(good, usage=(500, 40)))
-        client = LLMJudge(LLMJudgeConfig(base_url=endpoint.url, model="writer", max_retries=0, timeout_s=5.0))
-        external = ExternalChatActor(client)
+        config = ChatEndpointConfig(base_url=endpoint.url, model="writer", max_retries=0, timeout_s=5.0)
+        external = ExternalChatActor(ChatEndpoint(config))
         record = {**make_record(), "task_id": "tw_hand_made"}
         runtime = Runtime("textworld", PolicyActor(ScriptedPolicy(tokenizer, delegating_script("unused", "unused"))),
                           RuntimeConfig(rubric_writer="external", scorer="external"), external=external)

@@ -19,7 +19,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sera_core.judges import JudgeStats
+from sera_core.chat_endpoint import ChatEndpoint, ChatEndpointConfig
 from sera_core.policy.base import Generation, Policy, SamplingParams
 from sera_core.policy.chat import ChatFormat
 from sera_core.utils.aio import fail_waiting, settle
@@ -136,31 +136,28 @@ class ExternalChatActor:
     """An external model behind an OpenAI-compatible endpoint, as the rubric writer and/or
     scorer of the Table 3 ablations (``RuntimeConfig.rubric_writer/scorer = "external"``).
 
-    It answers ``rubric`` and ``score`` calls from their chat messages through
-    :meth:`sera_core.judges.LLMJudge.chat` (timeouts, retries with backoff); it has no
-    token space (``chat = None``), so its outputs are text, recorded on the child's node.
-    A failed request gives empty text, which the runtime records as malformed output.
-    ``stats`` (a :class:`~sera_core.judges.JudgeStats`) counts calls, requests, failures and
-    tokens: external supervision cost, like a judge's."""
+    It answers ``rubric`` and ``score`` calls from their chat messages through its
+    :class:`~sera_core.chat_endpoint.ChatEndpoint` (timeouts, retries with backoff), at the
+    call's temperature and output cap; it has no token space (``chat = None``), so its
+    outputs are text, recorded on the child's node with the call's error and tokens
+    (``meta``). A failed request gives empty text, which the runtime records as malformed
+    output. ``stats`` is the endpoint's :class:`~sera_core.chat_endpoint.EndpointStats`
+    (calls, requests, failures, tokens): external supervision cost, like a judge's."""
 
     chat = None
     enforce_context = False
 
-    def __init__(self, client: Any):
-        self.client = client
-        self.stats = JudgeStats()
+    def __init__(self, endpoint: ChatEndpoint):
+        self.endpoint = endpoint
+        self.stats = endpoint.stats
 
     async def complete(self, call: Call) -> Generation:
         if call.kind == "act" or call.messages is None:
             raise ValueError("an external chat model only writes or scores rubrics (it needs the call's messages)")
-        out = await asyncio.to_thread(self.client.chat, call.messages, temperature=call.params.temperature,
-                                      max_tokens=call.params.max_new_tokens)
-        s = self.stats
-        s.calls, s.requests = s.calls + 1, s.requests + out["requests"]
-        s.failures += out["content"] is None
-        s.input_tokens, s.output_tokens = s.input_tokens + out["input_tokens"], s.output_tokens + out["output_tokens"]
-        meta = {k: out[k] for k in ("error", "input_tokens", "output_tokens")}
-        return Generation([], [], out["content"] or "", "stop" if out["content"] is not None else "error", meta=meta)
+        reply = await asyncio.to_thread(self.endpoint.chat, call.messages, temperature=call.params.temperature,
+                                        max_tokens=call.params.max_new_tokens)
+        meta = {"error": reply.error, "input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens}
+        return Generation([], [], reply.content or "", "stop" if reply.content is not None else "error", meta=meta)
 
     def release(self, agent: str) -> None:
         return None
@@ -173,9 +170,8 @@ def external_actor(rubric_writer: str, scorer: str, url: str | None, model: str 
         return None
     if not url:
         raise ValueError("an external rubric writer or scorer needs an endpoint URL (and a model name)")
-    from sera_core.judges import LLMJudge, LLMJudgeConfig
-
-    return ExternalChatActor(LLMJudge(LLMJudgeConfig(base_url=url, model=model, api_key_env="SERA_EXTERNAL_API_KEY")))
+    return ExternalChatActor(ChatEndpoint(ChatEndpointConfig(base_url=url, model=model,
+                                                             api_key_env="SERA_EXTERNAL_API_KEY")))
 
 
 def as_actor(policy: Any, *, max_batch: int = 64) -> Any:
