@@ -16,14 +16,11 @@ import platform
 import tempfile
 import time
 
-from sera_core.agents.actors import PolicyActor
+from sera_core.agents.actors import PolicyActor, noisy_expert
 from sera_core.agents.corpus import default_tokenizer
 from sera_core.agents.runtime import Runtime, RuntimeConfig
 from sera_core.agents.summary import summarize
-from sera_core.envs.textcraft.expert import ExpertConfig as CraftExpert
-from sera_core.envs.textcraft.tasks import generate_split as craft_split
-from sera_core.envs.textworld.expert import ExpertConfig as WorldExpert
-from sera_core.envs.textworld.tasks import generate_split as world_split
+from sera_core.envs.registry import BENCHMARKS
 from sera_core.policy.expert import ExpertPolicy
 from sera_core.policy.tiny import TinyModelConfig, init_model
 
@@ -42,9 +39,8 @@ def main() -> None:
     print(f"# {platform.processor() or platform.machine()}, python {platform.python_version()}")
     tokenizer = default_tokenizer()
     clean = ExpertPolicy(tokenizer)
-    noisy = ExpertPolicy(tokenizer, textcraft=CraftExpert(mode="delegate", waste=0.3, early_finish=0.1),
-                         textworld=WorldExpert(mode="delegate", mistake=0.15, early_finish=0.05))
-    splits = {"textcraft": craft_split("val")[::args.every], "textworld": world_split("test")[::args.every]}
+    noisy = noisy_expert(tokenizer=tokenizer)
+    splits = {env: bench.generate_split(bench.eval_split)[::args.every] for env, bench in BENCHMARKS.items()}
     print("| env | policy | B | trees | success | agents/tree | tokens/tree | groups (valid) | trees/s |")
     print("|---|---|---|---|---|---|---|---|---|")
     for env, tasks in splits.items():

@@ -51,12 +51,6 @@ class CommandError(Exception):
     """A user-facing error: bad arguments or bad input files."""
 
 
-def _world_config(args: argparse.Namespace):
-    from sera_core.envs.textcraft.world import WorldConfig
-
-    return WorldConfig(seed=args.world_seed, items_per_tier=args.items_per_tier)
-
-
 def _benchmark(args: argparse.Namespace):
     """The benchmark ``--env`` names (``--format official``: official task records)."""
     from sera_core.envs.registry import benchmark
@@ -251,17 +245,17 @@ def cmd_tiny(args: argparse.Namespace) -> dict[str, Any]:
         return {"action": "build", "out": str(out), "recipe_hash": manifest["recipe_hash"],
                 "parameters": manifest["parameters"], "build_seconds": manifest["build_seconds"],
                 "final_loss": manifest["training"]["final_loss"], "adapter_sha256": manifest["adapter_sha256"]}
-    from sera_core.envs.registry import ENVS
+    from sera_core.envs.registry import BENCHMARKS
     from sera_core.tiny.measure import measure, measured_tasks
 
     model = args.out or EMBEDDED
     if not is_adapter(model):
         raise CommandError(f"{model} holds no adapter (run `sera tiny build` first)")
-    tasks = {env: measured_tasks(env, args.tasks) for env in (ENVS if args.env == "both" else (args.env,))}
+    tasks = {env: measured_tasks(env, args.tasks) for env in (BENCHMARKS if args.env == "both" else (args.env,))}
     results = measure(model, tasks, groups=args.groups, points=args.points, progress=True, save=args.save)
-    if args.record:  # per benchmark: a measurement of one benchmark keeps the other's recorded figures
+    if args.record:  # per benchmark: a measurement of one benchmark keeps the others' recorded figures
         manifest = read_manifest(model)
-        manifest["results"] = {k: v for k, v in manifest.get("results", {}).items() if k in ENVS} | results
+        manifest["results"] = {k: v for k, v in manifest.get("results", {}).items() if k in BENCHMARKS} | results
         write_manifest(Path(model), manifest)
     return {"action": "measure", "model": str(model), **results}
 
@@ -313,12 +307,8 @@ def cmd_export(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_world(args: argparse.Namespace) -> dict[str, Any]:
-    from sera_core.envs.textcraft.world import generate_world
-
-    book = generate_world(_world_config(args))
-    book.save(args.out)
-    return {"env": args.env, "out": str(args.out), "items": len(book.recipes) + len(book.base_items),
-            "crafted": len(book.recipes), "base": len(book.base_items)}
+    counts = _benchmark(args).export_world(args.out, world_seed=args.world_seed, items_per_tier=args.items_per_tier)
+    return {"env": args.env, "out": str(args.out), **counts}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -327,17 +317,23 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     from sera_core.envs import DIFFICULTIES
-    from sera_core.envs.registry import BENCHMARKS, ENVS
+    from sera_core.envs.registry import BENCHMARKS
     from sera_core.rubrics import MalformedPolicy
 
-    def world_args(p: argparse.ArgumentParser, envs: Sequence[str] = ENVS) -> None:
+    envs = list(BENCHMARKS)
+
+    def union(field: str) -> list[str]:
+        """Every benchmark's values of the class attribute ``field``, in registry order, once each."""
+        return list(dict.fromkeys(v for b in BENCHMARKS.values() for v in getattr(b, field)))
+
+    def world_args(p: argparse.ArgumentParser, envs: Sequence[str] = envs) -> None:
         p.add_argument("--env", choices=list(envs), default="textcraft", help="benchmark")
         p.add_argument("--world-seed", type=int, default=0, help="TextCraft: seed of the recipe world")
         p.add_argument("--items-per-tier", type=int, default=25, help="crafted items per domain and tier")
 
     p = sub.add_parser("tasks", help="write a task split as JSONL")
     world_args(p)
-    p.add_argument("--split", choices=sorted({s for b in BENCHMARKS.values() for s in b.splits}), required=True,
+    p.add_argument("--split", choices=sorted(union("splits")), required=True,
                    help="; ".join(f"{name}: {'|'.join(b.splits)}" for name, b in BENCHMARKS.items()))
     p.add_argument("--seed", type=int, default=0, help="TextCraft: seed of the task draws")
     p.add_argument("--difficulty", action="append", choices=list(DIFFICULTIES),
@@ -347,11 +343,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_tasks)
 
     p = sub.add_parser("solve", help="solve tasks with the expert and check them")
-    p.add_argument("--env", choices=list(ENVS), default="textcraft", help="benchmark")
+    p.add_argument("--env", choices=envs, default="textcraft", help="benchmark")
     p.add_argument("--tasks", type=Path, required=True, help="JSONL task file")
     p.add_argument("--format", choices=["native", "official"], default="native",
                    help="official task records (TextCraft: recipes rebuilt from each gold plan)")
-    p.add_argument("--mode", choices=["flat", "delegate", "gold"],
+    p.add_argument("--mode", choices=union("expert_modes"),
                    help="expert mode (default: gold for official TextCraft records, else flat; gold is TextCraft only)")
     p.add_argument("--limit", type=int, help="solve only the first N tasks")
     p.add_argument("--out", type=Path,
@@ -359,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_solve)
 
     p = sub.add_parser("rollout", help="play tasks as recursive agent trees; write trees and delegation points")
-    p.add_argument("--env", choices=list(ENVS), default="textcraft", help="benchmark")
+    p.add_argument("--env", choices=envs, default="textcraft", help="benchmark")
     p.add_argument("--tasks", type=Path, required=True, help="JSONL task file")
     p.add_argument("--format", choices=["native", "official"], default="native", help="official task records")
     p.add_argument("--policy", default="expert",
@@ -385,7 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_rollout)
 
     p = sub.add_parser("eval", help="evaluate a policy under the paper's contract (resumable, shardable)")
-    p.add_argument("--env", choices=list(ENVS), default="textcraft", help="benchmark")
+    p.add_argument("--env", choices=envs, default="textcraft", help="benchmark")
     p.add_argument("--tasks", type=Path, help="JSONL task file (e.g. `sera tasks --split val`)")
     p.add_argument("--format", choices=["native", "official"], default="native", help="official task records")
     p.add_argument("--policy", default="expert",
@@ -396,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scorer", choices=["policy", "external"], default="policy", help="who scores selection candidates")
     p.add_argument("--external-url", help="OpenAI-compatible endpoint of the external judge (key: $SERA_EXTERNAL_API_KEY)")
     p.add_argument("--external-model", default="external", help="model name sent to the external endpoint")
-    p.add_argument("--judge", choices=["program", "llm"], default="program",
+    p.add_argument("--judge", choices=union("judges"), default="program",
                    help="who labels the children (rows' children_passed): the checkers, or for TextWorld an LLM judge "
                         "for free-form subgoals (key: $SERA_JUDGE_API_KEY)")
     p.add_argument("--judge-url", help="--judge llm: OpenAI-compatible base URL")
@@ -439,8 +435,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--groups", type=int, default=8, help="measure: tasks played with counterfactual groups at temperature 1")
     p.add_argument("--points", type=int, default=0,
                    help="measure: the scorer on the held-out delegation points of this many of the hardest level's last tasks")
-    p.add_argument("--env", choices=["both", "textcraft", "textworld"], default="both",
-                   help="measure: one benchmark only (two processes can measure the two benchmarks side by side)")
+    p.add_argument("--env", choices=["both", *envs], default="both",
+                   help="measure: one benchmark only, or every one (both; two processes can measure two "
+                        "benchmarks side by side)")
     p.add_argument("--record", action="store_true", help="measure: write the results into the model's manifest")
     p.add_argument("--save", type=Path, help="measure: keep partial figures in this JSON file; a rerun with it resumes")
     p.set_defaults(func=cmd_tiny)
@@ -462,8 +459,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="the Hugging Face folder to write")
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("world", help="export the TextCraft recipe world as JSON")
-    world_args(p, ("textcraft",))
+    p = sub.add_parser("world", help="export a benchmark's generated world as JSON (TextCraft: its recipe world)")
+    world_args(p, [name for name, b in BENCHMARKS.items() if b.export_world is not None])
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=cmd_world)
     return parser

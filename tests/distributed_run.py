@@ -27,9 +27,8 @@ from pathlib import Path
 
 import torch
 
+from sera_core.agents.actors import noisy_expert
 from sera_core.envs.textcraft.tasks import generate_split
-from sera_core.policy.expert import ExpertPolicy
-from sera_core.tiny.demos import NOISY_CRAFT
 from sera_core.tiny.recipe import ASSETS
 from sera_core.train.config import CONFIGS, load_config
 from sera_core.train.trainer import Trainer
@@ -66,7 +65,7 @@ def main(out: Path, mode: str = "train") -> None:
         return failing_save(out, tasks)
     cfg = config(out, tasks)
     trainer = Trainer(cfg, progress=False)
-    expert = ExpertPolicy(trainer.tokenizer, textcraft=NOISY_CRAFT)
+    expert = noisy_expert(tokenizer=trainer.tokenizer)
     updates = []
     for v in range(3):
         stage = trainer.stages.stage(v)

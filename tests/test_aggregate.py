@@ -7,11 +7,10 @@ import math
 
 import pytest
 
+from sera_core.envs.registry import BENCHMARKS
 from sera_core.eval.aggregate import (
     DIFFICULTIES,
     SUMMARY_FORMAT,
-    TEXTCRAFT_COUNTS,
-    TEXTWORLD_COUNTS,
     benchmark_average,
     macro_average,
     over_seeds,
@@ -20,6 +19,9 @@ from sera_core.eval.aggregate import (
     summarize_runs,
     weighted_average,
 )
+
+TEXTCRAFT_COUNTS = BENCHMARKS["textcraft"].eval_counts
+TEXTWORLD_COUNTS = BENCHMARKS["textworld"].eval_counts
 
 
 def rows(spec: dict[str, tuple[int, int]], family_of=None, errors: int = 0) -> list[dict]:

@@ -67,15 +67,17 @@ def test_one_selection_serves_splits_files_spread_levels_and_says_what_is_missin
 
 def test_the_noisy_expert_makes_seeded_mistakes_on_both_benchmarks():
     tasks = pick_tasks("textcraft", difficulty="medium", count=3)
-    clean = Runtime("textcraft", noisy_expert(waste=0.0, early_finish=0.0), RuntimeConfig(seed=0)).run(tasks, trees=2)
+    clean = Runtime("textcraft", noisy_expert(0.0), RuntimeConfig(seed=0)).run(tasks, trees=2)
     noisy = Runtime("textcraft", noisy_expert(), RuntimeConfig(seed=0)).run(tasks, trees=2)
     again = Runtime("textcraft", noisy_expert(), RuntimeConfig(seed=0)).run(tasks, trees=2)
     assert all(r.tree.root_reward == 1.0 for r in clean)
     assert [r.tree.root_reward for r in noisy] == [r.tree.root_reward for r in again]  # seeded
     assert len({r.tree.root_reward for r in noisy}) == 2  # some trees fail: rewards differ between trees
-    expert = noisy_expert(mistake=0.4)
+    expert = noisy_expert(textworld={"mistake": 0.4})
     world, craft = expert.configs["textworld"], expert.configs["textcraft"]
     assert world.mistake == 0.4 and world.early_finish == 0.05 and craft.waste == 0.3
+    with pytest.raises(ValueError, match="no benchmark named minecraft"):
+        noisy_expert(minecraft={"waste": 0.1})
 
 
 def test_eval_row_reads_a_summary():

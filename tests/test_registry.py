@@ -13,7 +13,8 @@ def declared() -> set[str]:
 
 def test_every_benchmark_implements_the_whole_protocol_and_nothing_outside_it():
     members = declared()
-    assert {"spawn", "fork_child", "commit", "outcome", "agent_intro", "measured_levels", "expert_config"} <= members
+    assert {"spawn", "fork_child", "commit", "outcome", "agent_intro", "measured_levels", "expert_config",
+            "noisy_expert_config", "demo_tasks", "vocabulary", "export_world", "eval_counts"} <= members
     for name, cls in BENCHMARKS.items():
         bench = cls()
         public = {n for n in dir(bench) if not n.startswith("_")}

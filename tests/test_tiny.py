@@ -11,6 +11,7 @@ import pytest
 
 from sera_core.agents.corpus import corpus
 from sera_core.agents.tree import ROLES
+from sera_core.envs.registry import BENCHMARKS
 from sera_core.envs.textcraft.world import WorldConfig, generate_world
 from sera_core.policy.chat import ChatFormat
 from sera_core.policy.tiny import train_tokenizer
@@ -20,8 +21,6 @@ from sera_core.tiny.demos import (
     demonstrations,
     play,
     rollout_samples,
-    textcraft_tasks,
-    textworld_tasks,
 )
 from sera_core.tiny.recipe import ASSETS, SMALL, TinyRecipe, build, read_manifest, weights_sha256
 
@@ -56,13 +55,13 @@ def test_identifiers_are_never_split_across_neighbours(tokenizer):
 
 def test_demonstrations_come_from_fresh_worlds_and_cover_every_role(tokenizer):
     cfg = DemoConfig(textcraft_worlds=2, textcraft_mix={"easy": 1, "medium": 1}, textworld_tasks=3, noisy_every=2)
-    worlds = {t["misc"]["world"]["seed"] for t in textcraft_tasks(cfg)}
+    worlds = {t["misc"]["world"]["seed"] for t in BENCHMARKS["textcraft"].demo_tasks(cfg)}
     assert worlds == {1000, 1001}  # never the val world (seed 0)
     samples, stats = demonstrations(tokenizer, cfg)
     assert stats["textcraft"]["tasks"] == 4 and stats["textworld"]["tasks"] == 3
     assert all(stats[e]["turns"]["rubric"] > 0 and stats[e]["turns"]["score"] > 0 for e in ("textcraft", "textworld"))
     assert stats["copy_drills"] == {"samples": 0, "completion_tokens": 0}
-    rollouts = play("textcraft", textcraft_tasks(cfg), tokenizer, cfg)
+    rollouts = play("textcraft", BENCHMARKS["textcraft"].demo_tasks(cfg), tokenizer, cfg)
     packed = 0
     for r in rollouts:  # packed samples learn exactly every turn's completion in its exact context
         turns = [t for n in r.tree.nodes.values() for t in n.turns]
@@ -118,7 +117,8 @@ def test_perturbed_demonstrations_show_mistakes_then_recovery_and_never_learn_th
     solved; the samples keep the mistakes as context only: every other turn's completion
     is learnt in its exact context, no mistake is, and a conversation ending on one is cut."""
     cfg = DemoConfig(textcraft_worlds=3, textcraft_mix={"easy": 1, "medium": 1}, textworld_tasks=4, perturb=0.15)
-    for env, tasks in (("textcraft", textcraft_tasks(cfg)), ("textworld", textworld_tasks(cfg))):
+    for env, bench in BENCHMARKS.items():
+        tasks = bench.demo_tasks(cfg)
         rollouts = play(env, tasks, tokenizer, cfg)
         turns = [t for r in rollouts for n in r.tree.nodes.values() for t in n.turns]
         mistakes = [t for t in turns if t.meta.get("perturbation")]
@@ -150,8 +150,9 @@ def test_explained_demonstrations_write_each_decision_after_its_facts_and_oversa
     from sera_core.rubrics import parse_rubric, parse_score
 
     cfg = DemoConfig(textcraft_worlds=3, textcraft_mix={"easy": 1, "medium": 1}, textworld_tasks=0, noisy_every=2)
-    plain = play("textcraft", textcraft_tasks(cfg), tokenizer, cfg)
-    told = play("textcraft", textcraft_tasks(cfg), tokenizer, DemoConfig(**{**cfg.__dict__, "explain": True}))
+    tasks = BENCHMARKS["textcraft"].demo_tasks(cfg)
+    plain = play("textcraft", tasks, tokenizer, cfg)
+    told = play("textcraft", tasks, tokenizer, DemoConfig(**{**cfg.__dict__, "explain": True}))
     assert [r.tree.root_reward for r in told] == [r.tree.root_reward for r in plain]
     acts = {True: [], False: []}
     for flag, rollouts in ((False, plain), (True, told)):
@@ -174,7 +175,8 @@ def test_explained_demonstrations_write_each_decision_after_its_facts_and_oversa
         assert ("(short)" in data["reason"]) is (not label) and "at the start" in data["reason"]
         assert parse_score(turn.text, parse_rubric(json.dumps(point.rubric)).value).value is not None
     world = DemoConfig(textcraft_worlds=0, textworld_tasks=2, noisy_every=1, explain=True)
-    world_scores = [json.loads(t.text) for r in play("textworld", textworld_tasks(world), tokenizer, world)
+    world_tasks = BENCHMARKS["textworld"].demo_tasks(world)
+    world_scores = [json.loads(t.text) for r in play("textworld", world_tasks, tokenizer, world)
                     for n in r.tree.nodes.values() for t in n.turns if t.kind == "score"]
     assert world_scores and all(list(d)[0] == "reason" and d["reason"].startswith("the goal's state: ") for d in world_scores)
     # oversampling: the same samples, the rare ones three times

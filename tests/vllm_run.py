@@ -24,11 +24,10 @@ from pathlib import Path
 
 import torch
 
+from sera_core.agents.actors import noisy_expert
 from sera_core.envs.textcraft.tasks import generate_split
 from sera_core.policy.base import SamplingParams
-from sera_core.policy.expert import ExpertPolicy
 from sera_core.policy.models import merged
-from sera_core.tiny.demos import NOISY_CRAFT
 from sera_core.train.config import load_config
 from sera_core.train.trainer import Trainer
 from sera_core.utils.jsonio import write_jsonl
@@ -61,7 +60,7 @@ def main(out: Path) -> None:
     trainer = Trainer(cfg, progress=False)
     result = {"rank": rank, "processes": trainer.part[1], "start": agreement(trainer)}
     stage = trainer.stages.stage(0)
-    rollouts = trainer.play(stage, 0, ExpertPolicy(trainer.tokenizer, textcraft=NOISY_CRAFT))
+    rollouts = trainer.play(stage, 0, noisy_expert(tokenizer=trainer.tokenizer))
     adv, *_ = trainer.update(stage, rollouts)
     trainer.version += 1
     result["expert_update"] = agreement(trainer) | {"datums": len(adv)}

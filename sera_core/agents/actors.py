@@ -16,6 +16,7 @@ each with a :class:`~sera_core.policy.base.Generation` (token ids, logprobs, tex
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -180,32 +181,35 @@ def as_actor(policy: Any, *, max_batch: int = 64) -> Any:
     return policy if hasattr(policy, "complete") else PolicyActor(policy, max_batch=max_batch)
 
 
-def noisy_expert(*, waste: float = 0.3, early_finish: float = 0.1, mistake: float = 0.15,
-                 world_early_finish: float | None = None, tokenizer: Any = None):
-    """The delegating expert with seeded mistakes, on both benchmarks: TextCraft wastes a
-    craft with chance ``waste`` and gives up early with ``early_finish``; TextWorld uses a
-    wrong preparation with ``mistake`` and gives up early with ``world_early_finish``
-    (default ``early_finish / 2``). Each agent's mistakes are seeded by the runtime, so the
-    branches of a group differ. Ids in ``tokenizer`` (default: the scripted policies' tokenizer)."""
+def noisy_expert(noise: float | None = None, *, tokenizer: Any = None, perturb: float = 0.0, explain: bool = False,
+                 **rates: Mapping[str, float]):
+    """The delegating expert with seeded mistakes on every benchmark, the one constructor of
+    it: each benchmark's settings are its
+    :meth:`~sera_core.envs.registry.Benchmark.noisy_expert_config` of ``noise`` (None: the
+    benchmark's default noisy expert, TextCraft wasting crafts and TextWorld using wrong
+    preparations; p: its mistake rate p with early finishes p / 2), with the fields a
+    benchmark's ``rates`` set (``textcraft={"waste": 0.15}``). Each agent's mistakes are
+    seeded by the runtime, so the branches of a group differ. ``perturb`` and ``explain`` are
+    :class:`~sera_core.policy.expert.ExpertPolicy`'s; ids in ``tokenizer`` (default: the
+    scripted policies' tokenizer)."""
     from sera_core.agents.corpus import default_tokenizer
-    from sera_core.envs.textcraft.expert import ExpertConfig as CraftConfig
-    from sera_core.envs.textworld.expert import ExpertConfig as WorldConfig
+    from sera_core.envs.registry import BENCHMARKS
     from sera_core.policy.expert import ExpertPolicy
 
-    return ExpertPolicy(tokenizer if tokenizer is not None else default_tokenizer(),
-                        textcraft=CraftConfig(mode="delegate", waste=waste, early_finish=early_finish),
-                        textworld=WorldConfig(mode="delegate", mistake=mistake,
-                                              early_finish=early_finish / 2 if world_early_finish is None
-                                              else world_early_finish))
+    if unknown := sorted(set(rates) - set(BENCHMARKS)):
+        raise ValueError(f"no benchmark named {', '.join(unknown)}; mistake rates are given for {list(BENCHMARKS)}")
+    configs = {name: bench.noisy_expert_config(noise, **rates.get(name, {})) for name, bench in BENCHMARKS.items()}
+    return ExpertPolicy(tokenizer if tokenizer is not None else default_tokenizer(), perturb=perturb, explain=explain,
+                        **configs)
 
 
 def make_actor(spec: str, *, max_batch: int = 64, noise: float = 0.0, tokenizer: str | None = None) -> Any:
     """The actor a policy spec names (the CLI's ``--policy``, a notebook's ``POLICY``):
 
-    * ``expert``: :class:`~sera_core.policy.expert.ExpertPolicy` delegating on both
-      benchmarks, with ``noise`` its chance of a mistake (TextCraft: wasted crafts, half as
-      many early finishes; TextWorld: wrong preparations, half as many early finishes), in
-      the ids of ``tokenizer`` (a folder; default: the scripted policies' own tokenizer);
+    * ``expert``: :func:`noisy_expert` delegating on every benchmark, with ``noise`` its
+      chance of a mistake (TextCraft: wasted crafts, TextWorld: wrong preparations; half as
+      many early finishes), in the ids of ``tokenizer`` (a folder; default: the scripted
+      policies' own tokenizer);
     * ``tiny``: the embedded policy (SmolLM2-135M-Instruct with its LoRA warm start) served by
       vLLM's CPU build (``vllm:tiny``: on 2 cores an easy task in 8 s against 63 s on the
       ``hf`` backend, docs/benchmarks.md); ``hf:tiny`` names the ``hf`` backend;
@@ -223,8 +227,7 @@ def make_actor(spec: str, *, max_batch: int = 64, noise: float = 0.0, tokenizer:
             from transformers import AutoTokenizer
 
             tok = AutoTokenizer.from_pretrained(str(tokenizer))
-        return noisy_expert(waste=noise, early_finish=noise / 2, mistake=noise, world_early_finish=noise / 2,
-                            tokenizer=tok)
+        return noisy_expert(noise, tokenizer=tok)
     if spec == "tiny":
         spec = "vllm:tiny"
     backend, _, name = spec.partition(":")

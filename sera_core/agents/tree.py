@@ -59,9 +59,9 @@ _KIND_ROLES = {"act": ("execution", "launch"), "rubric": ("rubric",), "score": (
 
 def _envs() -> tuple[str, ...]:
     """The benchmark names a tree may carry (the registry's; imported late: trees are plain data)."""
-    from sera_core.envs.registry import ENVS
+    from sera_core.envs.registry import BENCHMARKS
 
-    return ENVS
+    return tuple(BENCHMARKS)
 
 
 # ---------------------------------------------------------------------------------
@@ -342,7 +342,7 @@ class Tree:
     tree_id: str
     """Unique id of this rollout (e.g. ``"step3/task17/tree5"``)."""
     env: str
-    """``"textcraft"`` or ``"textworld"``."""
+    """The benchmark's name (a key of :data:`~sera_core.envs.registry.BENCHMARKS`)."""
     task_id: str
     """The root task's id in its benchmark."""
     root_id: str = "0"

@@ -5,7 +5,8 @@ result row is ``{"task_id", "difficulty", "family"?, "success": bool, "error": s
 a row with an error is a failure whatever its ``success`` says (SPEC 5: evaluation
 errors count as failures).
 
-The benchmark average differs by benchmark (SPEC 5):
+The benchmark average differs by benchmark (SPEC 5; the registry's ``eval_counts`` and
+``pool_weighted`` say which):
 
 * TextCraft-Synth weights each difficulty by its task count in the 632-task pool
   (147 / 213 / 136 / 136)::
@@ -29,12 +30,6 @@ from typing import Any
 from sera_core.envs import DIFFICULTIES
 from sera_core.envs.registry import BENCHMARKS
 
-COUNTS = {name: b.eval_counts for name, b in BENCHMARKS.items()}
-"""The evaluation task counts of each benchmark, per difficulty (the registry's)."""
-TEXTCRAFT_COUNTS = COUNTS["textcraft"]
-"""TextCraft-Synth evaluation pool: tasks per difficulty (632 in all)."""
-TEXTWORLD_COUNTS = COUNTS["textworld"]
-"""TextWorld-Sync test split: tasks per difficulty (1,400 in all)."""
 SUMMARY_FORMAT = "sera.eval/1"
 """The ``format`` tag of an evaluation ``summary.json`` (:func:`summarize_runs`)."""
 STD_DDOF = 0
@@ -68,15 +63,16 @@ def macro_average(rates: Mapping[str, float]) -> float:
 
 def benchmark_average(env: str, rates: Mapping[str, float], counts: Mapping[str, int] | None = None) -> float:
     """The paper's average for ``env``: :func:`weighted_average` with ``counts`` (default
-    the pool's :data:`TEXTCRAFT_COUNTS`) for ``textcraft``, :func:`macro_average` for
-    ``textworld`` (equal counts make the two the same)."""
+    the benchmark's ``eval_counts``, TextCraft's 632-task pool) for a ``pool_weighted``
+    benchmark (TextCraft), else :func:`macro_average` (TextWorld: equal counts make the two
+    the same)."""
     unknown = sorted(set(rates) - set(DIFFICULTIES))
     if unknown:
         raise ValueError(f"unknown difficulties {unknown}; expected some of {DIFFICULTIES}")
     if env not in BENCHMARKS:
-        raise ValueError(f"env must be one of {tuple(COUNTS)}, got {env!r}")
+        raise ValueError(f"env must be one of {tuple(BENCHMARKS)}, got {env!r}")
     if BENCHMARKS[env].pool_weighted:
-        return weighted_average(rates, COUNTS[env] if counts is None else counts)
+        return weighted_average(rates, BENCHMARKS[env].eval_counts if counts is None else counts)
     return macro_average(rates)
 
 
@@ -139,8 +135,8 @@ def summarize_runs(per_seed_rows: Mapping[int, list[dict[str, Any]]], env: str, 
 
     Rates are percentages; averages follow :func:`benchmark_average`.
     """
-    if env not in COUNTS:
-        raise ValueError(f"env must be one of {tuple(COUNTS)}, got {env!r}")
+    if env not in BENCHMARKS:
+        raise ValueError(f"env must be one of {tuple(BENCHMARKS)}, got {env!r}")
     if not per_seed_rows:
         raise ValueError("no seeds to summarise")
     seeds = sorted(per_seed_rows)

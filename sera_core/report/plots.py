@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 
 DPI = 100
 """Dots per inch of every PNG."""
-ENVS = tuple((name, bench.title) for name, bench in BENCHMARKS.items())
-"""Benchmark keys and their titles (the registry's)."""
+ENVS = tuple((name, BENCHMARKS[name].title) for name in P.ENVS)
+"""The paper's benchmarks and their titles (the registry's)."""
 LADDER = (P.RAO, P.WO_D_RT, P.WO_D, P.SERA)
 """The ablation ladder, first rung first."""
 COLORS = {P.RAO: "#7f7f7f", P.RAO_RT: "#bcbd22", P.WO_D_RT: "#9ecae1", P.WO_D: "#4292c6", P.SERA: "#08519c",
@@ -132,11 +132,8 @@ def supervision_cost(numbers: dict[Key, Number]) -> Figure:
     """Table 2: one panel per quantity, a bar per method."""
     fig = _figure(10, 3.6)
     axes = fig.subplots(1, 3)
-    fields = (("textcraft_verifier_calls", "TextCraft verifier calls (K)"),
-              ("textworld_judge_calls", "TextWorld judge calls (K)"),
-              ("textworld_judge_input_tokens", "TextWorld judge input tokens (M)"))
     methods = (P.RAO, P.SERA, P.WO_D_RT)
-    for ax, (field, title) in zip(axes, fields, strict=True):
+    for ax, (field, title) in zip(axes, P.T2_COLUMNS, strict=True):
         values = [numbers[(P.T2, m, field)] for m in methods]
         for i, (method, number) in enumerate(zip(methods, values, strict=True)):
             _bar(ax, i, number, 0.6, COLORS[method])

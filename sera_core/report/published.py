@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sera_core.eval.aggregate import TEXTCRAFT_COUNTS
+from sera_core.envs.registry import BENCHMARKS
 
 Key = tuple[str, str, str]
 """(table, row, column)."""
@@ -71,6 +71,12 @@ class Relation:
 
 
 T1, T2, T3, T4, T7 = "table1", "table2", "table3", "table4", "table7"
+ENVS = ("textcraft", "textworld")
+"""The paper's benchmarks, in its tables' order (the names its columns start with)."""
+T2_COLUMNS = (("textcraft_verifier_calls", "TextCraft verifier calls (K)"),
+              ("textworld_judge_calls", "TextWorld judge calls (K)"),
+              ("textworld_judge_input_tokens", "TextWorld judge input tokens (M)"))
+"""Table 2's columns and their headings."""
 S1 = "SPEC 7; paper Table 1"
 S1_TEXT = "SPEC 7; paper text on Table 1"
 S2, S3, S4, S7 = "SPEC 7; paper Table 2", "SPEC 7; paper Table 3", "SPEC 7; paper Table 4", "SPEC 7; paper Table 7"
@@ -209,11 +215,12 @@ def _same(target: Key, other: Key, why: str) -> Relation:
     return Relation(target, ((1.0, other),), f"{'/'.join(target)} = {'/'.join(other)} ({why})")
 
 
-_POOL = sum(TEXTCRAFT_COUNTS.values())
+_TEXTCRAFT_COUNTS = BENCHMARKS["textcraft"].eval_counts
+_POOL = sum(_TEXTCRAFT_COUNTS.values())
 
 RELATIONS: tuple[Relation, ...] = (
     Relation((T1, SERA, "textcraft_avg"),
-             tuple((n / _POOL, (T1, SERA, f"textcraft_{d}")) for d, n in TEXTCRAFT_COUNTS.items()),
+             tuple((n / _POOL, (T1, SERA, f"textcraft_{d}")) for d, n in _TEXTCRAFT_COUNTS.items()),
              "SERA textcraft_avg = (99.09 x 147 + 97.81 x 213 + 78.92 x 136 + 6.13 x 136) / 632"),
     *(_diff((T1, method, f"{env}_avg"), (T1, RAO, f"{env}_avg"), (T1, gap, f"{env}_avg"))
       for method, gap in ((GRPO, RAO_OVER_GRPO), (CISPO, RAO_OVER_CISPO)) for env in ("textcraft", "textworld")),

@@ -4,7 +4,7 @@
 ``sera.eval/1`` (written by :func:`sera_core.eval.aggregate.summarize_runs`); other
 ``summary.json`` files (another tool's) are skipped. Of each it reads::
 
-    env            "textcraft" | "textworld"
+    env            a benchmark's name ("textcraft", "textworld": the registry's)
     label          non-empty text naming model and scale ("SmolLM2-135M + LoRA (CPU) - SERA tiny run")
     method         a method config name ("sera", "rao", ...) or null
     average        {"mean": %, "std": % | null, "n": seeds}
@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sera_core.eval.aggregate import COUNTS, DIFFICULTIES, SUMMARY_FORMAT
+from sera_core.envs.registry import BENCHMARKS
+from sera_core.eval.aggregate import DIFFICULTIES, SUMMARY_FORMAT
 from sera_core.report.checks import ReportError
 
 
@@ -46,7 +47,7 @@ class UserRun:
     path: str
     """The file, relative to the runs folder (POSIX separators)."""
     env: str
-    """``textcraft`` or ``textworld``."""
+    """The benchmark's name (a key of :data:`~sera_core.envs.registry.BENCHMARKS`)."""
     label: str
     """Model and scale, free text; shown as ``yours: <label>``."""
     method: str | None
@@ -85,8 +86,8 @@ def load_runs(runs_dir: str | Path) -> list[UserRun]:
 def _parse(data: dict[str, Any], rel: str, path: Path) -> UserRun:
     """A :class:`UserRun` from one summary's JSON object."""
     env = data.get("env")
-    if env not in COUNTS:
-        raise ReportError(f"{path}: env must be one of {tuple(COUNTS)}, got {env!r}")
+    if env not in BENCHMARKS:
+        raise ReportError(f"{path}: env must be one of {tuple(BENCHMARKS)}, got {env!r}")
     label = data.get("label")
     if not isinstance(label, str) or not label.strip():
         raise ReportError(f"{path}: label must be non-empty text naming the model and scale, got {label!r}")

@@ -26,8 +26,8 @@ from sera_core.report.runs import UserRun
 Cell = str | Number | float | None
 """Text, a published number, a number of yours, or nothing."""
 
-ENVS = tuple((name, bench.short_title) for name, bench in BENCHMARKS.items())
-"""Benchmark keys and their names in headings (the registry's)."""
+ENVS = tuple((name, BENCHMARKS[name].short_title) for name in P.ENVS)
+"""The paper's benchmarks and their names in headings (the registry's)."""
 YOURS_NOTE = ("Rows marked \"yours:\" are your own evaluation runs (summary.json files), not the paper's; "
               "they are not reproductions of the paper's Qwen3-4B results unless their label says so.")
 DERIVED_NOTE = "† derived from SPEC 7 by arithmetic; published.csv gives each formula."
@@ -159,12 +159,9 @@ def table1_gains(numbers: dict[Key, Number]) -> Table:
 
 def table2(numbers: dict[Key, Number]) -> Table:
     """Table 2: external supervision accumulated over training."""
-    fields = (("textcraft_verifier_calls", "TextCraft verifier calls (K)"),
-              ("textworld_judge_calls", "TextWorld judge calls (K)"),
-              ("textworld_judge_input_tokens", "TextWorld judge input tokens (M)"))
-    rows = tuple((method, *(_cell(numbers, P.T2, method, f) for f, _ in fields))
+    rows = tuple((method, *(_cell(numbers, P.T2, method, f) for f, _ in P.T2_COLUMNS))
                  for method in (P.RAO, P.SERA, P.WO_D_RT))
-    return Table("table2", "Table 2: external supervision over training", (("method", "method"), *fields), rows,
+    return Table("table2", "Table 2: external supervision over training", (("method", "method"), *P.T2_COLUMNS), rows,
                  notes=(("Calls in thousands (K), tokens in millions (M). Without rubric training there are no "
                          "external calls."),))
 
@@ -203,7 +200,7 @@ def table7(numbers: dict[Key, Number]) -> Table:
     """Table 7: training wall clock to the evaluated checkpoint on 2 x 8 H200."""
     rows = tuple((m, *(_cell(numbers, P.T7, m, env) for env, _ in ENVS)) for m in (P.SERA, P.RAO, P.WO_D_RT))
     return Table("table7", "Table 7: training wall clock to the evaluated checkpoint (2 x 8 H200)",
-                 (("method", "method"), ("textcraft", "TextCraft"), ("textworld", "TextWorld")), rows,
+                 (("method", "method"), *ENVS), rows,
                  notes=("Implementation- and hardware-dependent; comparable only within a benchmark.",))
 
 

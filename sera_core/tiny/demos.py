@@ -4,7 +4,9 @@ A small transformer that imitates transcripts of *one* recipe world memorises pl
 instead of reading observations. So every TextCraft demonstration task comes from a
 freshly generated world (new item names and recipes: world seeds ``world_seed`` ...),
 and TextWorld tasks come from the train split (train-fold foods); evaluation uses the
-standard val world (seed 0) and the test fold, which training never sees.
+standard val world (seed 0) and the test fold, which training never sees. Each
+benchmark draws its own (:meth:`~sera_core.envs.registry.Benchmark.demo_tasks`, reading
+its fields of :class:`DemoConfig`).
 
 The expert plays the tasks through the real runtime (:class:`~sera_core.agents.runtime.Runtime`
 with :class:`~sera_core.policy.expert.ExpertPolicy`), so the samples are exactly what the
@@ -25,14 +27,11 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from sera_core.agents.actors import noisy_expert
 from sera_core.agents.runtime import Rollout, Runtime, RuntimeConfig
 from sera_core.agents.tree import Turn
-from sera_core.envs.textcraft.expert import ExpertConfig as CraftExpert
-from sera_core.envs.textcraft.tasks import TaskConfig as CraftTasks
-from sera_core.envs.textcraft.tasks import generate_split as craft_split
+from sera_core.envs.registry import BENCHMARKS
 from sera_core.envs.textcraft.world import WorldConfig, generate_world
-from sera_core.envs.textworld.expert import ExpertConfig as WorldExpert
-from sera_core.envs.textworld.tasks import generate_split as world_split
 from sera_core.policy.chat import ChatFormat
 from sera_core.policy.expert import ExpertPolicy
 from sera_core.tiny.sft import Sample
@@ -41,7 +40,8 @@ from sera_core.utils.seeding import derive_seed
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """Which demonstrations to draw."""
+    """Which demonstrations to draw (the ``textcraft_*`` fields and ``world_seed`` are read by
+    TextCraft's ``demo_tasks``, ``textworld_tasks`` by TextWorld's)."""
 
     textcraft_worlds: int = 150
     """Fresh TextCraft worlds (one generated recipe world each)."""
@@ -86,29 +86,6 @@ class DemoConfig:
             raise ValueError("perturb is a probability in [0, 1)")
         if any(n < 0 for n in self.textcraft_mix.values()):
             raise ValueError("textcraft_mix counts must be >= 0")
-
-
-NOISY_CRAFT = CraftExpert(mode="delegate", waste=0.3, early_finish=0.1)
-NOISY_WORLD = WorldExpert(mode="delegate", mistake=0.15, early_finish=0.05)
-
-
-def textcraft_tasks(cfg: DemoConfig) -> list[dict]:
-    """``textcraft_mix`` tasks from each of ``textcraft_worlds`` fresh worlds."""
-    tasks = []
-    for k in range(cfg.textcraft_worlds):
-        seed = cfg.world_seed + k
-        task_cfg = CraftTasks(world=WorldConfig(seed=seed), seed=seed, splits={"train": dict(cfg.textcraft_mix)})
-        tasks += [{**t, "id": f"demo.w{seed}.{i}"} for i, t in enumerate(craft_split("train", task_cfg))]
-    return tasks
-
-
-def textworld_tasks(cfg: DemoConfig) -> list[dict]:
-    """``textworld_tasks`` records spread evenly over the train split."""
-    if cfg.textworld_tasks == 0:
-        return []
-    split = world_split("train")
-    step = max(1, len(split) // cfg.textworld_tasks)
-    return split[::step][: cfg.textworld_tasks]
 
 
 def turn_samples(turns: list[Turn]) -> Iterator[Sample]:
@@ -193,8 +170,7 @@ def copy_drills(tokenizer: Any, cfg: DemoConfig) -> list[Sample]:
 def play(env: str, tasks: list[dict], tokenizer: Any, cfg: DemoConfig, *, progress: bool = False) -> list[Rollout]:
     """The expert's rollouts of ``tasks`` (every ``noisy_every``-th one noisy, with groups)."""
     clean = Runtime(env, ExpertPolicy(tokenizer, perturb=cfg.perturb, explain=cfg.explain), RuntimeConfig(seed=cfg.seed))
-    noisy = Runtime(env, ExpertPolicy(tokenizer, textcraft=NOISY_CRAFT, textworld=NOISY_WORLD, perturb=cfg.perturb,
-                                      explain=cfg.explain),
+    noisy = Runtime(env, noisy_expert(tokenizer=tokenizer, perturb=cfg.perturb, explain=cfg.explain),
                     RuntimeConfig(seed=cfg.seed, counterfactual=4, fork_cap=8))
 
     async def main() -> list[Rollout]:
@@ -213,7 +189,8 @@ def demonstrations(tokenizer: Any, cfg: DemoConfig, *, progress: bool = False) -
     """All samples, and counts per benchmark and role (turn kind)."""
     samples: list[Sample] = []
     stats: dict[str, Any] = {}
-    for env, tasks in (("textcraft", textcraft_tasks(cfg)), ("textworld", textworld_tasks(cfg))):
+    for env, bench in BENCHMARKS.items():
+        tasks = bench.demo_tasks(cfg)
         rollouts = play(env, tasks, tokenizer, cfg, progress=progress)
         kinds = {"act": 0, "rubric": 0, "score": 0}
         for r in rollouts:
@@ -234,8 +211,8 @@ def corpus_texts(tokenizer: Any, cfg: DemoConfig) -> list[str]:
     """The text of a set of demonstrations, for training a tokenizer: each agent's first
     prompt, every completion and observation, every rubric and scoring prompt."""
     texts = []
-    for env, tasks in (("textcraft", textcraft_tasks(cfg)), ("textworld", textworld_tasks(cfg))):
-        for r in play(env, tasks, tokenizer, cfg):
+    for env, bench in BENCHMARKS.items():
+        for r in play(env, bench.demo_tasks(cfg), tokenizer, cfg):
             for node in r.tree.nodes.values():
                 for i, t in enumerate(node.turns):
                     if i == 0 or t.kind != "act":

@@ -103,7 +103,8 @@ def _figures(rollouts: list, env: str) -> dict[str, Any]:
 
 def measure(model: str | os.PathLike, tasks: dict[str, list[dict]], *, groups: int = 0, points: int = 0, seed: int = 0,
             max_batch: int = 64, progress: bool = False, save: str | os.PathLike | None = None) -> dict[str, Any]:
-    """Figures of ``model`` on ``tasks`` (``{"textcraft": [...], "textworld": [...]}``);
+    """Figures of ``model`` on ``tasks`` (``{benchmark name: [task records]}``, e.g.
+    :func:`measured_tasks` of each);
     ``groups`` and ``points`` add the counterfactual-group and held-out-point figures;
     ``progress`` shows a progress bar per run; ``save`` keeps partial results (module docstring)."""
     save = Path(save) if save is not None else None

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from sera_core.envs import DIFFICULTIES
-from sera_core.envs.registry import BENCHMARKS, ENVS
+from sera_core.envs.registry import BENCHMARKS
 from sera_core.rubrics import MalformedPolicy
 from sera_core.train.stages import StageController
 
@@ -243,7 +243,7 @@ class TrainConfig:
 
 
 _CHOICES = {
-    "env": ENVS, "backend": BACKENDS, "task_format": ("native", "official"), "child_reward": CHILD_REWARDS,
+    "backend": BACKENDS, "task_format": ("native", "official"), "child_reward": CHILD_REWARDS,
     "rubric_writer": ("policy", "global", "external"), "scorer": ("policy", "external"),
     "malformed_policy": tuple(p.value for p in MalformedPolicy),
     "rubric_variant": RUBRIC_VARIANTS, "loss": LOSSES, "mixed_precision": ("no", "bf16", "auto"),
@@ -285,7 +285,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         expected = _TYPES.get(str(f.type))
         if expected is not None and not expected[0](getattr(cfg, f.name)):
             raise bad(f.name, f"must be {expected[1]}")
-    for key, options in _CHOICES.items():
+    for key, options in {"env": tuple(BENCHMARKS), **_CHOICES}.items():
         if getattr(cfg, key) not in options:
             raise bad(key, f"must be one of {options}")
     if cfg.log_with != "none" and importlib.util.find_spec(cfg.log_with) is None:
@@ -417,7 +417,7 @@ def _read(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
 
 def shipped_configs() -> list[Path]:
     """Every method config shipped in the package (bases excluded: files not starting with ``_``)."""
-    return sorted(p for env in ENVS for p in (CONFIGS / env).glob("*.yaml") if not p.name.startswith("_"))
+    return sorted(p for env in BENCHMARKS for p in (CONFIGS / env).glob("*.yaml") if not p.name.startswith("_"))
 
 
 __all__ = ["TrainConfig", "ConfigError", "config_file", "load_config", "validate", "shipped_configs", "CONFIGS"]

@@ -14,6 +14,11 @@ from pathlib import Path
 from typing import Any
 
 
+def json_native(obj: Any) -> Any:
+    """A JSON-native copy of ``obj``: what ``json.loads(json.dumps(obj))`` gives (tuples become lists)."""
+    return json.loads(json.dumps(obj))
+
+
 def write_jsonl(path: str | os.PathLike, records: Iterable[dict[str, Any]], *, sort_keys: bool = False) -> int:
     """Write ``records`` one per line to ``path`` atomically; return how many.
 
