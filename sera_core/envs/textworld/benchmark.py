@@ -15,6 +15,7 @@ from dataclasses import asdict, replace
 from random import Random
 from typing import Any
 
+from sera_core.chat_endpoint import ChatEndpointConfig
 from sera_core.envs import count_errors
 from sera_core.envs.textworld import expert as world_expert
 from sera_core.envs.textworld import tasks as world_tasks
@@ -23,7 +24,7 @@ from sera_core.envs.textworld.env import TextWorldEnv
 from sera_core.envs.textworld.goals import check_goal
 from sera_core.envs.textworld.protocol import Delegation, delegate_spans, parse_reply
 from sera_core.envs.textworld.verifier import CanonicalOrLLM, TextWorldVerifier
-from sera_core.judges import LLMJudge, LLMJudgeConfig
+from sera_core.judges import LLMJudge
 from sera_core.utils.jsonio import json_native
 
 
@@ -190,8 +191,8 @@ class TextWorldBenchmark:
             raise ValueError(f"judge must be 'program' or 'llm', got {kind!r}")
         if not url or not model:
             raise ValueError("judge 'llm' needs a base URL and a model name")
-        llm = LLMJudge(LLMJudgeConfig(base_url=url, model=model, cache_path=cache, timeout_s=timeout_s,
-                                      max_retries=max_retries))
+        llm = LLMJudge(ChatEndpointConfig(base_url=url, model=model, api_key_env="SERA_JUDGE_API_KEY",
+                                          timeout_s=timeout_s, max_retries=max_retries, cache=True, cache_path=cache))
         return CanonicalOrLLM(TextWorldVerifier(), llm)
 
     # -- the runtime's hooks ---------------------------------------------------------------
