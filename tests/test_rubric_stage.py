@@ -97,10 +97,14 @@ def test_a_run_trains_both_calls_and_resumes_after_an_interruption(tmp_path):
     from sera_core.tiny.rubric_stage import RubricStage
 
     cfg = RubricStageConfig(seed=3, updates=2, points_per_update=1, pool_tasks=4, eval_every=2, heldout_tasks=1,
-                            heldout_limit=1, score_calls=2, kv_cache_gib=2.0, out=str(tmp_path / "run"),
+                            heldout_limit=1, score_calls=2, kv_cache_gib=2.0, measure_step=True, out=str(tmp_path / "run"),
                             points_dir=str(tmp_path))
     first = RubricStage(cfg, progress=False)
     done = first.run(stop_after=1)
+    if first.last_rows:  # measure_step: the rows rescored around the step; before it, what the update itself measured
+        moved = first.last_moved
+        assert moved["before"]["weighted"] == pytest.approx(first.last_stats["logprob_weighted_mean"], abs=2e-3)
+        assert moved["after"]["weighted"] != moved["before"]["weighted"]
     assert [r["version"] for r in done["updates"]] == ["0"] and [r["version"] for r in done["heldout"]] == ["0"]
     row = done["updates"][0]
     assert int(row["datums_rubric"]) + int(row["datums_score"]) > 0 or float(row["loss"]) == 0.0

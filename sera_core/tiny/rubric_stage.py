@@ -74,7 +74,7 @@ from sera_core.rubrics import RANKING_MARGIN
 from sera_core.train.advantages import Advantage, leave_one_out, rubric_advantages, uniform
 from sera_core.train.config import load_config
 from sera_core.train.trainer import Trainer, append_row, keep_rows
-from sera_core.train.update import TokenRow, turn_rows
+from sera_core.train.update import TokenRow, advantage_weighted_logprob, logprob_by_sign, rescored, turn_rows
 from sera_core.utils.jsonio import write_atomic, write_jsonl
 from sera_core.utils.seeding import derive_seed
 
@@ -129,6 +129,11 @@ class RubricStageConfig:
     bfloat16), and a call continues after each inner brace of its JSON with its prompt again:
     the 64 calls the engine runs at once need about 5 GiB for those prompts to stay cached
     between rounds (:meth:`~sera_core.policy.vllm_backend.VLLMPolicy._admit`)."""
+    measure_step: bool = False
+    """Rescore each update's trained rows in eval mode just before and just after its optimizer
+    step (two extra forward passes, no gradient) into :attr:`RubricStage.last_moved`: what one
+    step did to ``log pi`` of those tokens, by advantage sign and advantage-weighted. For a
+    notebook's smoke setting and tests; off in experiments."""
     points_dir: str | None = None
     """Where the pool and the held-out points are cached (None: the parent of ``out``)."""
     out: str = "runs/rubric_stage/rubric_scorer_seed0"
@@ -224,6 +229,8 @@ class RubricStage(Trainer):
         self.heldout = held[:cfg.heldout_limit]
         self.last_rows: list[TokenRow] = []
         self.last_stats: dict[str, Any] = {}
+        self.last_moved: dict[str, dict[str, float | None]] = {}
+        """With ``measure_step``: the last update's :meth:`measure_rows` before and after its step."""
         name = "".join(c if c.isalnum() else "_" for c in self.cfg.model)
         self.start_file = cache / f"heldout_start_{env}_{name}_{cfg.heldout_tasks}_{len(self.heldout)}.json"
         if len(self.pool) < cfg.points_per_update:
@@ -251,6 +258,17 @@ class RubricStage(Trainer):
             write_atomic(self.start_file, json.dumps(row).encode())
         return row
 
+    def measure_rows(self, rows: list[TokenRow]) -> dict[str, float | None]:
+        """``log pi`` of ``rows``' trained tokens under the current model (eval mode, no
+        gradient): the mean by advantage sign (``pos``, ``neg``) and ``sum A log pi / N``
+        (``weighted``, :func:`~sera_core.train.update.advantage_weighted_logprob`)."""
+        model = self.accelerator.unwrap_model(self.model)
+        was_training = model.training
+        model.eval()
+        scored = rescored(self.model, rows, pad_id=self.tokenizer.pad_token_id, micro_batch_tokens=self.cfg.micro_batch_tokens)
+        model.train(was_training)
+        return logprob_by_sign(scored) | {"weighted": advantage_weighted_logprob(scored)}
+
     def step(self) -> dict[str, Any]:
         """One update at ``self.version``; returns its ``updates.csv`` row."""
         cfg, sc, v = self.cfg, self.stage_cfg, self.version
@@ -262,7 +280,10 @@ class RubricStage(Trainer):
         t_gen = time.perf_counter() - t0
         rows, counts = stage_rows(points, train_scorer=sc.arm == "rubric_scorer", score_calls=sc.score_calls,
                                   rng=random.Random(derive_seed(cfg.seed, "score_calls", v)))
+        before = self.measure_rows(rows) if sc.measure_step and rows else None
         stats, grad_norm = self.train_rows(rows)
+        if before is not None:
+            self.last_moved = {"before": before, "after": self.measure_rows(rows)}
         self.last_rows, self.last_stats = rows, stats  # what the update trained, and log pi before it by sign
         self.version += 1
         self.counters["tokens_trained"] += int(stats["tokens"])
