@@ -51,3 +51,30 @@ def test_run_command_streams_lines_and_progress_and_reports_failures(tmp_path):
     with pytest.raises(RuntimeError, match="exit 3") as err:
         run_command([sys.executable, "-c", "print('boom'); raise SystemExit(3)"], tmp_path / "log.txt", echo=seen.append)
     assert "boom" in str(err.value)
+
+
+def test_update_budget_counts_the_rubric_stage_branches_and_the_token_ceilings():
+    """The paper's TextCraft config: 8 x 8 trees; a rubric update opens at most 16 // 8 = 2
+    groups per tree, replaying 7 children each; an agent generates at most 20 x 512 tokens."""
+    from sera_core.train.launch import update_budget
+    from sera_core.train.trainer import plan
+
+    cfg = load_config(CONFIGS / "textcraft" / "sera_full.yaml")
+    rows = {r["stage"]: r for r in update_budget(cfg)}
+    assert list(rows) == ["execution", "delegation", "rubric_generation"]
+    assert [rows[s]["trains"] for s in rows] == ["execution", "launch", "rubric"]
+    assert [rows[s]["updates_in_run"] for s in rows] == [202, 24, 24]  # 250 updates of 16:2:2
+    rubric, execution = rows["rubric_generation"], rows["execution"]
+    assert (rubric["groups"], rubric["forked_runs"], rubric["branch_labels"], rubric["detached_scores"]) == (128, 896, 1024, 896)
+    assert execution["groups"] == execution["forked_runs"] == rows["delegation"]["branch_labels"] == 0
+    assert execution["episode_tokens"] == 10240 and execution["trained_tokens_max"] == plan(cfg)["tokens_per_step_max"]
+    assert rubric["generated_tokens_max"] == (64 + 896) * 10240 and rubric["trained_tokens_max"] == 128 * 1024
+    assert rows["delegation"]["trained_tokens_max"] is None
+    measured = {r["stage"]: r for r in update_budget(cfg, agents_per_tree=12.5)}
+    assert measured["execution"]["agent_runs"] == 800 and measured["execution"]["trained_tokens_max"] == 800 * 10240
+    # fewer branches: more groups fit under the cap, each replaying fewer children
+    four = {r["stage"]: r for r in update_budget(cfg.replace(counterfactual=4))}["rubric_generation"]
+    assert (four["groups"], four["forked_runs"], four["branch_labels"]) == (256, 768, 1024)
+    # TextWorld: 3,072 tokens a turn, capped by the 13,312-token context
+    assert update_budget(load_config(CONFIGS / "textworld" / "sera_full.yaml"))[0]["episode_tokens"] == 13312
+    assert [r["stage"] for r in update_budget(load_config(CONFIGS / "textcraft" / "sera_wo_d_rt_full.yaml"))] == ["execution"]

@@ -253,3 +253,28 @@ def test_a_summary_that_is_not_json_or_a_missing_folder_raises(tmp_path):
     assert str(path) in str(err.value)
     with pytest.raises(ReportError, match="does not exist"):
         load_runs(tmp_path / "nowhere")
+
+
+def test_the_ladder_reads_each_rung_its_change_and_its_cost(tmp_path):
+    """RAO -> SERA w/o D & RT -> SERA w/o D -> SERA: each change is the published average
+    minus the rung below's (the stated gains where the paper states them), with the shipped
+    configs' schedules; your run with a rung's method follows that rung."""
+    from sera_core.report.published import LADDER, get
+    from sera_core.report.tables import ladder
+
+    rows = ladder(index())
+    assert [r["rung"] for r in rows] == list(LADDER)
+    rao, untrained, trained, sera = rows
+    assert rao["textcraft_change"] is None and untrained["textcraft_change"] == round(72.26 - 68.93, 2)
+    for env in ("textcraft", "textworld"):
+        assert trained[f"{env}_change"] == get("table1", "SERA w/o D over SERA w/o D & RT", f"{env}_avg").value
+        assert sera[f"{env}_change"] == get("table1", "SERA over SERA w/o D", f"{env}_avg").value
+    assert [r["schedule"] for r in rows] == ["execution:1", "execution:1", "execution:16,rubric_generation:2",
+                                            "execution:16,delegation:2,rubric_generation:2"]
+    assert untrained["textcraft_verifier_calls"] == 0.0 and trained["textcraft_verifier_calls"] is None
+    assert sera["textcraft_hours"] == 24.1 and untrained["textworld_hours"] is None
+    write_summary(tmp_path / "a", "tiny - SERA w/o D run", method="sera_wo_d")
+    write_summary(tmp_path / "b", "tiny - no method", method=None)
+    mine = ladder(index(), load_runs(tmp_path))
+    assert [r["rung"] for r in mine] == [*LADDER[:3], "yours: tiny - SERA w/o D run", LADDER[3]]
+    assert mine[3]["textcraft_avg"] == 50.0 and "textworld_avg" not in mine[3]

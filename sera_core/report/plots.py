@@ -33,7 +33,7 @@ DPI = 100
 """Dots per inch of every PNG."""
 ENVS = tuple((name, BENCHMARKS[name].title) for name in P.ENVS)
 """The paper's benchmarks and their titles (the registry's)."""
-LADDER = (P.RAO, P.WO_D_RT, P.WO_D, P.SERA)
+LADDER = P.LADDER
 """The ablation ladder, first rung first."""
 COLORS = {P.RAO: "#7f7f7f", P.RAO_RT: "#bcbd22", P.WO_D_RT: "#9ecae1", P.WO_D: "#4292c6", P.SERA: "#08519c",
           P.GRPO: "#d62728", P.CISPO: "#ff7f0e", P.BASE: "#bdbdbd"}

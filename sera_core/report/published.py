@@ -102,6 +102,9 @@ BASE = "Qwen3-4B-Instruct (no SERA training)"
 N1, N2_POLICY, N2_EXTERNAL = "N=1", "N=2, policy judge", "N=2, external judge"
 
 
+LADDER = (RAO, WO_D_RT, WO_D, SERA)
+"""The ablation ladder, first rung first: each rung changes one thing of the rung below (SPEC 6)."""
+
 METHOD_ROWS = {"grpo": GRPO, "cispo": CISPO, "rao": RAO, "rao_rt": RAO_RT, "sera_wo_d_rt": WO_D_RT,
                "sera_wo_d": WO_D, "sera": SERA}
 """Method config names (``sera_core/configs/<env>/<method>_<scale>.yaml``) and their Table 1 rows."""

@@ -204,6 +204,48 @@ def table7(numbers: dict[Key, Number]) -> Table:
                  notes=("Implementation- and hardware-dependent; comparable only within a benchmark.",))
 
 
+LADDER_CHANGES = {
+    P.RAO: "baseline: each child rewarded by the external label (checker or judge); nothing but execution trained",
+    P.WO_D_RT: "the child's reward is the parent's own rubric score instead of the label (rubrics untrained)",
+    P.WO_D: "+ rubric training: rubric writing trained by ranking 8 counterfactual branches",
+    P.SERA: "+ decomposition reward: the launch tokens trained by leaf coverage",
+}
+"""What each rung of :data:`~sera_core.report.published.LADDER` changes from the rung below (SPEC 6)."""
+
+
+def ladder(numbers: dict[Key, Number], runs: Sequence[UserRun] = ()) -> list[dict[str, str | float | None]]:
+    """The ablation ladder as rows, first rung first: what each rung changes
+    (:data:`LADDER_CHANGES`), the schedule of its shipped full config, per benchmark its
+    published average, std and change over the rung below (``change = avg(rung) - avg(rung
+    below)``, percentage points), its external calls over training (Table 2, thousands) and
+    its wall clock (Table 7, hours) where published. Each of your ``runs`` whose ``method``
+    is a rung follows that rung's row, with its average in its benchmark's columns (and no
+    change: it is not the rung below's run)."""
+    from sera_core.train.config import CONFIGS, load_config
+
+    config_of = {row: name for name, row in P.METHOD_ROWS.items()}
+    value = lambda *key: None if (n := numbers.get(key)) is None else n.value  # noqa: E731
+    rows: list[dict[str, str | float | None]] = []
+    for i, rung in enumerate(P.LADDER):
+        row: dict[str, str | float | None] = {
+            "rung": rung, "changes": LADDER_CHANGES[rung],
+            "schedule": load_config(CONFIGS / "textcraft" / f"{config_of[rung]}_full.yaml").schedule}
+        for env, _ in ENVS:
+            avg = numbers[(P.T1, rung, f"{env}_avg")]
+            below = numbers[(P.T1, P.LADDER[i - 1], f"{env}_avg")].value if i else None
+            row |= {f"{env}_avg": avg.value, f"{env}_std": avg.std,
+                    f"{env}_change": None if below is None else round(avg.value - below, 2)}
+        row |= {"textcraft_verifier_calls": value(P.T2, rung, "textcraft_verifier_calls"),
+                "textworld_judge_calls": value(P.T2, rung, "textworld_judge_calls"),
+                **{f"{env}_hours": value(P.T7, rung, env) for env, _ in ENVS}}
+        rows.append(row)
+        for run in runs:
+            if P.METHOD_ROWS.get(run.method or "") == rung:
+                rows.append({"rung": run.name, "changes": f"yours: method {run.method}, {run.average.n} seed(s)",
+                             f"{run.env}_avg": run.average.mean, f"{run.env}_std": run.average.std})
+    return rows
+
+
 def checks_table(numbers: dict[Key, Number]) -> Table:
     """Every relation :func:`~sera_core.report.checks.check_published` verifies, with both sides."""
     rows = tuple(("/".join(r.target), r.formula, f"{recompute(r, numbers):.4f}", numbers[r.target].value)

@@ -10,7 +10,9 @@ builds its commands here, so the notebook holds no logic of its own:
   tasks, the trained checkpoint as a Hugging Face folder, and its evaluation under the
   paper's contract (vLLM when the config's backend is vLLM);
 * :func:`run_command`: run one of them, echoing its output line by line (progress bars
-  included) into the notebook and a log file; a failure raises with the log's tail.
+  included) into the notebook and a log file; a failure raises with the log's tail;
+* :func:`update_budget`: what one update of each stage plays and trains, from the config
+  (the counterfactual work of a rubric update, the token ceilings; notebooks 08 and 11).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from sera_core.train.config import TrainConfig
 
@@ -93,3 +96,45 @@ def run_command(cmd: Sequence[str], log: str | os.PathLike, *, echo=print) -> No
                 tail = (tail + [line])[-20:]
     if proc.returncode:
         raise RuntimeError(f"{shlex.join(cmd)} failed (exit {proc.returncode}); last lines:\n" + "\n".join(tail))
+
+
+def update_budget(cfg: TrainConfig, *, agents_per_tree: float = 1.0) -> list[dict[str, Any]]:
+    """What one update of each stage of ``cfg.schedule`` plays and trains, from the config
+    (SPEC 3-4, 8), one row per stage in schedule order. With T trees, B branches per group:
+
+    * ``updates_per_cycle``, ``updates_in_run`` (of ``total_updates``), and ``trains``: the
+      token role the stage trains (execution, launch, rubric);
+    * ``trees`` T = tasks_per_step x trees_per_task, and ``agent_runs`` = T x
+      ``agents_per_tree`` (rounded): the agents of the ordinary trees (the config does not bound a
+      tree's size: 1 counts the roots only; pass a measured mean to count the children);
+    * ``groups`` = T x (fork_cap // B) on a stage that branches (rubric generation), else 0:
+      the most branch groups (delegation points) the fork cap lets each root rollout open;
+    * ``forked_runs`` = groups x (B - 1): children played again on forked worlds (branch 0 is
+      the real child; each forked run is a whole child subtree, counted here as one agent),
+      ``branch_labels`` = groups x B external labels (checker or judge), and
+      ``detached_scores`` = groups x (B - 1) scoring calls that never enter the optimizer;
+    * ``episode_tokens`` = min(max_steps_per_agent x max_new_tokens, context): the most one
+      agent generates, and ``generated_tokens_max`` = (agent_runs + forked_runs) x
+      episode_tokens;
+    * ``trained_tokens_max``: the ceiling of the trained role's tokens: execution agent_runs
+      x episode_tokens, rubric groups x the rubric call's cap; None for launch (a launch
+      statement, a few dozen tokens per delegation, has no bound in the config)."""
+    from sera_core.envs.registry import benchmark
+    from sera_core.train.stages import STAGE_ROLE, StageController
+
+    stages, bench, calls = StageController(cfg.schedule), benchmark(cfg.env), cfg.rollout_settings()
+    in_run = stages.counts(cfg.total_updates)
+    context = cfg.max_context_tokens or bench.max_context_tokens
+    episode = min(cfg.max_steps_per_agent * (cfg.max_new_tokens or bench.max_new_tokens), context)
+    trees = cfg.tasks_per_step * cfg.trees_per_task
+    rows = []
+    for name, count in stages.parts:
+        groups = trees * (cfg.fork_cap // cfg.counterfactual) if name == "rubric_generation" else 0
+        forked, agents = groups * (cfg.counterfactual - 1), round(trees * agents_per_tree)
+        trained = {"execution": agents * episode, "launch": None, "rubric": groups * calls.call_max_new_tokens}
+        rows.append({"stage": name, "trains": STAGE_ROLE[name], "updates_per_cycle": count,
+                     "updates_in_run": in_run[name], "trees": trees, "agent_runs": agents, "groups": groups,
+                     "forked_runs": forked, "branch_labels": groups * cfg.counterfactual, "detached_scores": forked,
+                     "episode_tokens": episode, "generated_tokens_max": (agents + forked) * episode,
+                     "trained_tokens_max": trained[STAGE_ROLE[name]]})
+    return rows
