@@ -22,8 +22,11 @@ Subcommands (later issues add more):
   a method (``sera_core/configs/<env>/<method>_<scale>.yaml``); ``--dry-run`` validates
   the config and prints the plan without loading a model.
 
-On a usage or input error the last line is ``{"command": ..., "error": ...}`` and the
-exit status is 2.
+On a usage or input error (:class:`~sera_core.utils.errors.UserInputError`: a config key,
+a task file, an argument, a run or evaluation folder, named in the message) the last line
+is ``{"command": ..., "error": ...}`` and the exit status is 2. Any other error is a bug:
+its traceback goes to stderr, the last line is ``{"command": ..., "error": "internal
+error: ..."}`` and the exit status is 1.
 
 One parser and one small function per command; the work itself lives in the library, so
 it stays one module.
@@ -37,6 +40,7 @@ import hashlib
 import json
 import sys
 import time
+import traceback
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,10 +49,7 @@ from typing import Any
 from tqdm import tqdm
 
 from sera_core import __version__
-
-
-class CommandError(Exception):
-    """A user-facing error: bad arguments or bad input files."""
+from sera_core.utils.errors import UserInputError
 
 
 def _benchmark(args: argparse.Namespace):
@@ -63,7 +64,7 @@ def cmd_tasks(args: argparse.Namespace) -> dict[str, Any]:
 
     bench = _benchmark(args)
     if args.split not in bench.splits:
-        raise CommandError(f"{args.env} has splits {', '.join(bench.splits)}, not {args.split!r}")
+        raise UserInputError(f"{args.env} has splits {', '.join(bench.splits)}, not {args.split!r}")
     records = bench.generate_split(args.split, progress=True, world_seed=args.world_seed,
                                    items_per_tier=args.items_per_tier, seed=args.seed)
     from sera_core.envs.registry import select_tasks
@@ -93,22 +94,14 @@ def _read_tasks(args: argparse.Namespace, validate) -> tuple[list[dict], list]:
     """The task records of ``--tasks`` (first ``--limit``), validated, with their unique ids."""
     from sera_core.utils.jsonio import read_jsonl
 
-    try:
-        records = list(read_jsonl(args.tasks))
-    except FileNotFoundError:
-        raise CommandError(f"no such task file: {args.tasks}") from None
-    except ValueError as exc:
-        raise CommandError(str(exc)) from None
+    records = list(read_jsonl(args.tasks))
     if args.limit is not None:
         records = records[: args.limit]
     for i, rec in enumerate(records):
-        try:
-            validate(rec, f"{args.tasks}:{i + 1}")
-        except ValueError as exc:
-            raise CommandError(str(exc)) from None
+        validate(rec, f"{args.tasks}:{i + 1}")
     ids = [rec.get("id", rec.get("task_id", i)) for i, rec in enumerate(records)]
     if len(set(ids)) != len(ids):
-        raise CommandError(f"{args.tasks}: task ids are not unique")
+        raise UserInputError(f"{args.tasks}: task ids are not unique")
     return records, ids
 
 
@@ -118,14 +111,14 @@ def cmd_solve(args: argparse.Namespace) -> dict[str, Any]:
     bench = _benchmark(args)
     mode = args.mode or ("gold" if bench.official and "gold" in bench.expert_modes else "flat")
     if mode not in bench.expert_modes:
-        raise CommandError(f"{args.env} has expert modes {', '.join(bench.expert_modes)}, not {mode!r}")
+        raise UserInputError(f"{args.env} has expert modes {', '.join(bench.expert_modes)}, not {mode!r}")
     solve, keys = bench.solver(mode)
     records, ids = _read_tasks(args, bench.validate_record)
     checkpoint = JsonlCheckpoint(args.out) if args.out else None
     done = checkpoint.records if checkpoint is not None else {}
     other_modes = {r.get("mode") for r in done.values()} - {mode}
     if other_modes:
-        raise CommandError(f"{args.out} holds results of mode {sorted(map(str, other_modes))}; use another --out")
+        raise UserInputError(f"{args.out} holds results of mode {sorted(map(str, other_modes))}; use another --out")
     resumed = sum(1 for i in ids if i in done)
     t0 = time.perf_counter()
     for task_id, rec in tqdm(list(zip(ids, records, strict=True)), desc=f"solve ({mode})", unit="task",
@@ -153,13 +146,16 @@ def cmd_solve(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _actor(args: argparse.Namespace):
-    """The actor named by ``--policy`` (:func:`sera_core.agents.actors.make_actor`)."""
+    """The actor named by ``--policy`` (:func:`sera_core.agents.actors.make_actor`), the expert's
+    mistakes at the rate ``--noise``."""
     from sera_core.agents.actors import make_actor
 
+    if not 0.0 <= args.noise <= 1.0:
+        raise UserInputError("--noise is a probability in [0, 1]")
     try:
         return make_actor(args.policy, max_batch=args.max_batch, noise=args.noise, tokenizer=args.tokenizer)
-    except ValueError as exc:
-        raise CommandError(f"--policy: {exc}") from None
+    except UserInputError as exc:
+        raise UserInputError(f"--policy: {exc}") from None
 
 
 def _external(args: argparse.Namespace):
@@ -168,16 +164,14 @@ def _external(args: argparse.Namespace):
 
     try:
         return external_actor(args.rubric_writer, args.scorer, args.external_url, args.external_model)
-    except ValueError:
-        raise CommandError("--rubric-writer/--scorer external needs --external-url (and --external-model)") from None
+    except UserInputError:
+        raise UserInputError("--rubric-writer/--scorer external needs --external-url (and --external-model)") from None
 
 
 def cmd_rollout(args: argparse.Namespace) -> dict[str, Any]:
     from sera_core.agents.runtime import Runtime, RuntimeConfig
     from sera_core.agents.summary import summarize, write_rollouts
 
-    if not 0.0 <= args.noise <= 1.0:
-        raise CommandError("--noise is a probability in [0, 1]")
     cfg = RuntimeConfig(counterfactual=args.counterfactual, temperature=args.temperature, seed=args.seed,
                         rubric_writer=args.rubric_writer, scorer=args.scorer, malformed_policy=args.malformed_policy)
     external = _external(args)
@@ -199,11 +193,11 @@ def cmd_eval(args: argparse.Namespace) -> dict[str, Any]:
     if args.merge:
         return merge(args.out)
     if args.tasks is None:
-        raise CommandError("--tasks FILE is required (write one with `sera tasks`)")
+        raise UserInputError("--tasks FILE is required (write one with `sera tasks`)")
     try:
         i, n = (int(x) for x in args.shard.split("/"))
     except ValueError:
-        raise CommandError(f"--shard must be i/n (e.g. 0/4), got {args.shard!r}") from None
+        raise UserInputError(f"--shard must be i/n (e.g. 0/4), got {args.shard!r}") from None
     cfg = EvalConfig(args.env, seeds=args.seeds, select=args.select, select_temperature=args.select_temperature,
                      scorer=args.scorer, concurrency=args.concurrency, label=args.label or args.policy,
                      method=args.method, policy=args.policy, judge=args.judge,
@@ -212,6 +206,9 @@ def cmd_eval(args: argparse.Namespace) -> dict[str, Any]:
     if args.judge == "llm":
         from sera_core.envs.registry import benchmark
 
+        if not (args.judge_url and args.judge_model):
+            raise UserInputError("--judge llm needs the endpoint's base URL (--judge-url) and a model name "
+                                 "(--judge-model)")
         judge = benchmark(args.env).make_judge("llm", url=args.judge_url, model=args.judge_model, cache=args.judge_cache)
     records, _ = _read_tasks(args, _benchmark(args).validate_record)
     t0 = time.perf_counter()
@@ -250,7 +247,7 @@ def cmd_tiny(args: argparse.Namespace) -> dict[str, Any]:
 
     model = args.out or EMBEDDED
     if not is_adapter(model):
-        raise CommandError(f"{model} holds no adapter (run `sera tiny build` first)")
+        raise UserInputError(f"{model} holds no adapter (run `sera tiny build` first)")
     tasks = {env: measured_tasks(env, args.tasks) for env in (BENCHMARKS if args.env == "both" else (args.env,))}
     results = measure(model, tasks, groups=args.groups, points=args.points, progress=True, save=args.save)
     if args.record:  # per benchmark: a measurement of one benchmark keeps the others' recorded figures
@@ -267,11 +264,11 @@ def _setting(text: str) -> tuple[str, Any]:
 
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
-        raise CommandError(f"--set takes KEY=VALUE, got {text!r}")
+        raise UserInputError(f"--set takes KEY=VALUE, got {text!r}")
     try:
         parsed = yaml.safe_load(value)
     except yaml.YAMLError as exc:
-        raise CommandError(f"--set {key.strip()}: the value is not YAML ({exc})") from None
+        raise UserInputError(f"--set {key.strip()}: the value is not YAML ({exc})") from None
     if isinstance(parsed, str):
         with contextlib.suppress(ValueError):
             parsed = float(parsed)
@@ -288,7 +285,7 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
     cfg = load_config(args.config, **overrides)
     if args.total_updates is not None:
         if args.total_updates < 1:
-            raise CommandError("--total-updates must be >= 1")
+            raise UserInputError("--total-updates must be >= 1")
         cfg = cfg.replace(total_updates=args.total_updates)
     if args.dry_run:
         return {"action": "plan", **plan(cfg)}
@@ -476,8 +473,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
     try:
         summary = args.func(args)
-    except (CommandError, ValueError, OSError) as exc:  # bad input, or the machine refused (disk full, read-only)
+    except UserInputError as exc:  # the user's to fix: the message names the file, key or argument
         print(json.dumps({"command": args.command, "error": str(exc)}))
         return 2
+    except Exception as exc:  # a bug: its traceback, and exit 1
+        traceback.print_exc()
+        print(json.dumps({"command": args.command, "error": f"internal error: {type(exc).__name__}: {exc}"}))
+        return 1
     print(json.dumps({"command": args.command, **summary}))
     return 0

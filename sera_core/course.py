@@ -19,6 +19,7 @@ from typing import Any
 
 from sera_core.agents.actors import noisy_expert
 from sera_core.envs.registry import pick_tasks
+from sera_core.utils.errors import UserInputError
 
 __all__ = ["Lesson", "eval_row", "noisy_expert", "pick_tasks", "rollout_policy", "setup"]
 
@@ -74,7 +75,7 @@ def setup(config: str | None, smoke: bool, *, benchmark: str | None = None, loss
     wanted = {"env": benchmark, "loss": loss, "task_format": "native" if native else None}
     for key, value in wanted.items():
         if value is not None and getattr(cfg, key) != value:
-            raise ValueError(f"{config}: this notebook needs {key}: {value} (the config has {getattr(cfg, key)!r})")
+            raise UserInputError(f"{config}: this notebook needs {key}: {value} (the config has {getattr(cfg, key)!r})")
     return Lesson(cfg, smoke)
 
 

@@ -65,7 +65,7 @@ def test_solve_official_samples_report_pass(official_dir):
 
 
 @pytest.mark.parametrize("content, message", [
-    (None, "no such task file"),
+    (None, "no such file"),
     ("{not json}\n", "not valid JSON"),
     ('{"goal": "x"}\n', "no 'misc'"),
 ])
@@ -76,6 +76,32 @@ def test_bad_input_gives_a_clear_error(tmp_path, capsys, content, message):
     assert main(["solve", "--tasks", str(path)]) == 2
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert last["command"] == "solve" and message in last["error"]
+
+
+def test_a_user_input_error_exits_2_in_one_line_and_a_bug_exits_1_with_its_traceback(tmp_path, capsys, monkeypatch):
+    """A config key that does not exist is the user's to fix: exit 2, one JSON line naming the
+    file and the key, no traceback. A ValueError from a bug (planted in the plan of a dry run)
+    is not: exit 1, its traceback on stderr, and a last line that says it is internal."""
+    from sera_core.train import trainer
+    from sera_core.train.config import CONFIGS
+
+    config = tmp_path / "run.yaml"
+    config.write_text(f"extends: {CONFIGS / 'textcraft' / 'sera_tiny.yaml'}\nlearning_rate: 0.001\n")
+    assert main(["train", "--config", str(config), "--dry-run"]) == 2
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 1 and "Traceback" not in err
+    assert json.loads(out)["error"].startswith(f"{config}: unknown config key 'learning_rate'")
+
+    def plan(cfg):  # a bug: the method's name read as a number
+        return {"updates": int(cfg.method)}
+
+    monkeypatch.setattr(trainer, "plan", plan)
+    assert main(["train", "--config", "textcraft/sera_tiny.yaml", "--dry-run"]) == 1
+    out, err = capsys.readouterr()
+    assert err.startswith("Traceback (most recent call last):") and "in plan" in err
+    assert err.rstrip().endswith("ValueError: invalid literal for int() with base 10: 'sera'")
+    assert json.loads(out.splitlines()[-1]) == {
+        "command": "train", "error": "internal error: ValueError: invalid literal for int() with base 10: 'sera'"}
 
 
 def test_bad_arguments_end_with_json(capsys):

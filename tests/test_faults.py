@@ -82,18 +82,25 @@ def _train_config(tmp_path: Path, out: Path, schedule: str = "execution:1") -> P
                               max_steps_per_agent=2, filter_zero_variance=False)
 
 
-def _metrics(out: Path) -> list[dict]:
+def _rows(out: Path) -> list[dict]:
+    """The rows of the run's ``metrics.csv``, every column (timings included)."""
     import csv
 
     with (out / "metrics.csv").open(newline="") as f:
-        return [{k: v for k, v in row.items() if not k.startswith("seconds")} for row in csv.DictReader(f)]
+        return list(csv.DictReader(f))
+
+
+def _metrics(out: Path) -> list[dict]:
+    """The rows of the run's ``metrics.csv`` without the timings (which no two runs share)."""
+    return [{k: v for k, v in row.items() if not k.startswith("seconds")} for row in _rows(out)]
 
 
 @pytest.mark.timeout(1200)
 def test_a_killed_training_run_resumes_to_the_uninterrupted_weights_and_metrics(tmp_path):
     """``sera train`` killed (SIGKILL) at seeded points of a 4-update run, then ``--resume``d
-    until it finishes: the final weights and every metrics row equal the uninterrupted run's
-    (rows past the last checkpoint are replayed, never doubled)."""
+    until it finishes: the resumed process runs only the updates after the checkpoint (rows
+    past it are replayed, never doubled; rows before it are left as they were), and the final
+    weights and every metrics row equal the uninterrupted run's."""
     from sera_core.policy.checkpoints import read_checkpoint
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -116,11 +123,17 @@ def test_a_killed_training_run_resumes_to_the_uninterrupted_weights_and_metrics(
         assert proc.wait(timeout=60) == -signal.SIGKILL  # killed mid-run, not after it finished
         kept = read_checkpoint(tmp_path / f"run{k}" / "checkpoint")["version"]
         assert kept >= 1  # at least `target` - 1 updates were checkpointed (all 4 when it was killed on its way out)
+        checkpointed = _rows(tmp_path / f"run{k}")[:kept]
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stderr[-2000:]
         # it continued from the checkpoint: a run restarted from update 0 would reach the same
-        # weights (every draw is seeded) but would have run all 4 updates
-        assert json.loads(done.stdout.strip().splitlines()[-1])["updates"] == 4 - kept
+        # weights and metrics (every draw is seeded), but it would run all 4 updates and
+        # rewrite the checkpointed updates' rows with new timings
+        summary = json.loads(done.stdout.strip().splitlines()[-1])
+        assert (summary["updates"], summary["version"]) == (4 - kept, 4)
+        after = _rows(tmp_path / f"run{k}")
+        assert [r["version"] for r in after] == ["0", "1", "2", "3"]  # none missing, none twice
+        assert after[:kept] == checkpointed  # as the killed process wrote them, timings included
         assert read_checkpoint(tmp_path / f"run{k}" / "checkpoint")["files"] == reference  # the same weights (sha256)
         assert _metrics(tmp_path / f"run{k}") == _metrics(tmp_path / "ref")
 

@@ -16,6 +16,7 @@ from sera_core.report.checks import ReportError, check_published
 from sera_core.report.published import PUBLISHED, RELATIONS, get, index
 from sera_core.report.runs import load_runs
 from sera_core.report.tables import YOURS_NOTE
+from sera_core.utils.errors import UserInputError
 
 B = "Qwen3-4B-Instruct (no SERA training)"
 
@@ -239,7 +240,7 @@ def test_a_malformed_summary_raises_naming_the_file(tmp_path, change, field):
     summary = json.loads(path.read_text())
     change(summary)
     path.write_text(json.dumps(summary))
-    with pytest.raises(ReportError, match=field) as err:
+    with pytest.raises(UserInputError, match=field) as err:
         build_report(tmp_path / "out", tmp_path / "runs")
     assert str(path) in str(err.value)
 
@@ -248,10 +249,10 @@ def test_a_summary_that_is_not_json_or_a_missing_folder_raises(tmp_path):
     path = tmp_path / "runs" / "summary.json"
     path.parent.mkdir()
     path.write_text("{not json")
-    with pytest.raises(ReportError, match="not a readable JSON file") as err:
+    with pytest.raises(UserInputError, match="not a readable JSON file") as err:
         load_runs(tmp_path / "runs")
     assert str(path) in str(err.value)
-    with pytest.raises(ReportError, match="does not exist"):
+    with pytest.raises(UserInputError, match="does not exist"):
         load_runs(tmp_path / "nowhere")
 
 

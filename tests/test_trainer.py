@@ -45,9 +45,15 @@ def golden_config(tmp_path: Path, **overrides):
     return load_config(CONFIGS / "textcraft" / "sera_tiny.yaml", **values)
 
 
-def metrics(path: Path) -> list[dict]:
+def rows(path: Path) -> list[dict]:
+    """The rows of the run's ``metrics.csv``, every column (timings included)."""
     with (path / "metrics.csv").open(newline="") as f:
-        return [{k: v for k, v in row.items() if k not in TIMES} for row in csv.DictReader(f)]
+        return list(csv.DictReader(f))
+
+
+def metrics(path: Path) -> list[dict]:
+    """The rows of the run's ``metrics.csv`` without the timings (which no two runs share)."""
+    return [{k: v for k, v in row.items() if k not in TIMES} for row in rows(path)]
 
 
 def weights(path: Path) -> str:
@@ -74,11 +80,15 @@ def test_metrics_have_every_column_and_training_moves_the_weights(reference):
 
 
 def test_interrupted_run_resumes_to_the_same_metrics_and_weights(reference, tmp_path):
+    """A run stopped after 2 of 4 updates and resumed runs only updates 2 and 3 (a run restarted
+    from update 0 would reach the same weights and metrics: every draw is seeded)."""
     _, ref_cfg = reference
     cfg = golden_config(tmp_path)
-    Trainer(cfg, progress=False).run(stop_after=2)
-    assert len(metrics(Path(cfg.out))) == 2
-    Trainer(cfg, progress=False).run(resume=True)
+    assert [r["version"] for r in Trainer(cfg, progress=False).run(stop_after=2)] == [0, 1]
+    done = rows(Path(cfg.out))
+    assert [r["version"] for r in Trainer(cfg, progress=False).run(resume=True)] == [2, 3]
+    assert [r["version"] for r in rows(Path(cfg.out))] == ["0", "1", "2", "3"]  # none missing, none twice
+    assert rows(Path(cfg.out))[:2] == done  # the first two rows, timings included, are the first call's
     assert metrics(Path(cfg.out)) == metrics(Path(ref_cfg.out))
     assert weights(Path(cfg.out)) == weights(Path(ref_cfg.out))
 

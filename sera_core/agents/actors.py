@@ -24,6 +24,7 @@ from sera_core.chat_endpoint import ChatEndpoint, ChatEndpointConfig
 from sera_core.policy.base import Generation, Policy, SamplingParams
 from sera_core.policy.chat import ChatFormat
 from sera_core.utils.aio import fail_waiting, settle
+from sera_core.utils.errors import UserInputError
 
 CALL_KINDS = ("act", "rubric", "score")
 
@@ -170,7 +171,7 @@ def external_actor(rubric_writer: str, scorer: str, url: str | None, model: str 
     if "external" not in (rubric_writer, scorer):
         return None
     if not url:
-        raise ValueError("an external rubric writer or scorer needs an endpoint URL (and a model name)")
+        raise UserInputError("an external rubric writer or scorer needs an endpoint URL (and a model name)")
     return ExternalChatActor(ChatEndpoint(ChatEndpointConfig(base_url=url, model=model,
                                                              api_key_env="SERA_EXTERNAL_API_KEY")))
 
@@ -220,7 +221,8 @@ def make_actor(spec: str, *, max_batch: int = 64, noise: float = 0.0, tokenizer:
       its CPU build on CPUs): an adapter merged into its base, a checkpoint's weights pushed.
 
     Token-level policies are batched (``hf``: ``max_batch`` sequences per call; ``vllm``:
-    continuously). A spec that names nothing loadable raises ValueError saying what was expected."""
+    continuously). A spec that names nothing loadable raises
+    :class:`~sera_core.utils.errors.UserInputError` saying what was expected."""
     if spec == "expert":
         tok = None
         if tokenizer:
@@ -232,7 +234,7 @@ def make_actor(spec: str, *, max_batch: int = 64, noise: float = 0.0, tokenizer:
         spec = "vllm:tiny"
     backend, _, name = spec.partition(":")
     if backend not in ("hf", "vllm") or not name:
-        raise ValueError(f"a policy is 'expert', 'tiny', 'hf:PATH' or 'vllm:PATH', not {spec!r}")
+        raise UserInputError(f"a policy is 'expert', 'tiny', 'hf:PATH' or 'vllm:PATH', not {spec!r}")
     from sera_core.policy.models import is_adapter, model_folder
 
     path = model_folder(name)
@@ -240,8 +242,8 @@ def make_actor(spec: str, *, max_batch: int = 64, noise: float = 0.0, tokenizer:
     if not (checkpoint / "state.json").is_file():
         checkpoint = None
         if not (path / "config.json").is_file() and not is_adapter(path):
-            raise ValueError(f"{spec}: {path} is neither a Hugging Face model folder (config.json), "
-                             "an adapter folder (adapter_config.json) nor a training checkpoint (state.json)")
+            raise UserInputError(f"{spec}: {path} is neither a Hugging Face model folder (config.json), "
+                                 "an adapter folder (adapter_config.json) nor a training checkpoint (state.json)")
     if backend == "hf":
         from sera_core.policy.hf import HFPolicy
 

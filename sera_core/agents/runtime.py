@@ -90,6 +90,7 @@ from sera_core.rubrics import (
     resolve_child_reward,
 )
 from sera_core.utils.aio import run_sync
+from sera_core.utils.errors import UserInputError
 from sera_core.utils.seeding import derive_seed
 
 RUBRIC_WRITERS = ("policy", "global", "external")
@@ -152,21 +153,21 @@ class RuntimeConfig:
 
     def __post_init__(self) -> None:
         if self.max_depth < 0 or self.max_steps < 1 or (self.root_max_steps is not None and self.root_max_steps < 1):
-            raise ValueError("max_depth >= 0 and max_steps, root_max_steps >= 1 are required")
+            raise UserInputError("max_depth >= 0 and max_steps, root_max_steps >= 1 are required")
         if self.counterfactual < 0 or self.counterfactual == 1 or self.fork_cap < 0:
-            raise ValueError("counterfactual is 0 (off) or a group size >= 2; fork_cap >= 0")
+            raise UserInputError("counterfactual is 0 (off) or a group size >= 2; fork_cap >= 0")
         if self.select < 1 or self.select_fork_cap < 0:
-            raise ValueError("select (candidates per delegation) must be >= 1 and select_fork_cap >= 0")
+            raise UserInputError("select (candidates per delegation) must be >= 1 and select_fork_cap >= 0")
         if self.select > 1 and self.counterfactual:
-            raise ValueError("test-time selection (select > 1) and counterfactual groups (training) do not mix")
+            raise UserInputError("test-time selection (select > 1) and counterfactual groups (training) do not mix")
         if self.rubric_writer not in RUBRIC_WRITERS:
-            raise ValueError(f"rubric_writer must be one of {RUBRIC_WRITERS}, got {self.rubric_writer!r}")
+            raise UserInputError(f"rubric_writer must be one of {RUBRIC_WRITERS}, got {self.rubric_writer!r}")
         if self.scorer not in SCORERS:
-            raise ValueError(f"scorer must be one of {SCORERS}, got {self.scorer!r}")
+            raise UserInputError(f"scorer must be one of {SCORERS}, got {self.scorer!r}")
         MalformedPolicy(self.malformed_policy)
         for name in ("temperature", "rubric_temperature", "score_temperature", "select_temperature"):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0")
+                raise UserInputError(f"{name} must be >= 0")
 
     @property
     def labels_children(self) -> bool:

@@ -42,6 +42,7 @@ from typing import Any, ClassVar, Protocol
 from sera_core.envs import DIFFICULTIES
 from sera_core.envs.textcraft.benchmark import TextCraftBenchmark
 from sera_core.envs.textworld.benchmark import TextWorldBenchmark
+from sera_core.utils.errors import UserInputError
 
 
 class Benchmark(Protocol):
@@ -266,14 +267,14 @@ def select_tasks(env: str, records: Sequence[dict], *, difficulty: str | Sequenc
     evenly over the level instead), then the first ``count`` of all.
 
     A difficulty or family that matches no record of a non-empty ``records`` is a
-    :class:`ValueError` naming ``source``, not an empty selection."""
+    :class:`~sera_core.utils.errors.UserInputError` naming ``source``, not an empty selection."""
     levels = (difficulty,) if isinstance(difficulty, str) else tuple(difficulty or BENCHMARKS[env].difficulties)
     if family is not None:
         records = [r for r in records if record_value(r, "task_family") == family]
     by_level = {level: [r for r in records if record_value(r, "difficulty") == level] for level in levels}
     if records and difficulty is not None and not any(by_level.values()):
         wanted = ", ".join(levels) + (f" (family {family})" if family else "")
-        raise ValueError(f"{source}: no task of difficulty {wanted}")
+        raise UserInputError(f"{source}: no task of difficulty {wanted}")
     if per_level is None:  # the file order across levels (every record when no level is asked for)
         picked = list(records) if difficulty is None else [r for r in records if record_value(r, "difficulty") in by_level]
     else:
@@ -290,7 +291,7 @@ def pick_tasks(env: str, split: str | None = None, *, official: bool = False, **
     bench = benchmark(env, official=official)
     split = split or bench.eval_split
     if split in ("train", "val", "dev", "test") and split not in bench.splits:
-        raise ValueError(f"{env} has splits {', '.join(bench.splits)}, not {split!r}")
+        raise UserInputError(f"{env} has splits {', '.join(bench.splits)}, not {split!r}")
     if split in bench.splits:
         records = bench.generate_split(split)
     else:

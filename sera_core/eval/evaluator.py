@@ -33,16 +33,18 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from sera_core.agents.runtime import Rollout, Runtime, RuntimeConfig
+from sera_core.envs import DIFFICULTIES
 from sera_core.envs.registry import BENCHMARKS
 from sera_core.eval.aggregate import summarize_runs
 from sera_core.utils.aio import run_sync
+from sera_core.utils.errors import UserInputError
 from sera_core.utils.jsonio import JsonlCheckpoint, write_atomic, write_jsonl
 
 PLAN_FORMAT = "sera.eval-plan/1"
 """The ``format`` of ``plan.json`` (``summary.json``: :data:`~sera_core.eval.aggregate.SUMMARY_FORMAT`)."""
 
 
-class EvalError(ValueError):
+class EvalError(UserInputError):
     """A refused evaluation: mismatched plan, existing results without resume, missing or doubled rows."""
 
 
@@ -127,7 +129,7 @@ def _plan(cfg: EvalConfig, ids: list[str], shards: int) -> dict[str, Any]:
 
 
 _PLAN_FIELDS = {"env": str, "tasks": list, "seeds": list, "shards": int, "config": dict, "label": str, "policy": str}
-_ROW_FIELDS = {"task_id": (str,), "success": (bool,), "error": (str, type(None)), "difficulty": (str, type(None)),
+_ROW_FIELDS = {"task_id": (str,), "success": (bool,), "error": (str, type(None)), "difficulty": (str,),
                "seconds": (int, float)}
 
 
@@ -145,6 +147,8 @@ def read_plan(out: Path) -> dict[str, Any]:
         value = plan.get(key)
         if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 1):
             raise EvalError(f"{path}: {key!r} must be {kind.__name__}{' >= 1' if kind is int else ''}, got {value!r}")
+    if plan["env"] not in BENCHMARKS:
+        raise EvalError(f"{path}: 'env' must be one of {list(BENCHMARKS)}, got {plan['env']!r}")
     if not plan["tasks"] or not plan["seeds"] or not all(isinstance(t, str) for t in plan["tasks"]) or not all(
             isinstance(s, int) and not isinstance(s, bool) for s in plan["seeds"]):
         raise EvalError(f"{path}: 'tasks' must be task ids and 'seeds' integers (neither empty)")
@@ -155,10 +159,12 @@ def read_plan(out: Path) -> dict[str, Any]:
 
 
 def _check_row(row: dict[str, Any], path: Path) -> None:
-    """One result row's fields have their types (:class:`EvalError` naming the file and task)."""
+    """One result row's fields have their types, its difficulty is a level (:class:`EvalError`
+    naming the file and task)."""
     for key, kinds in _ROW_FIELDS.items():
         value = row.get(key)
-        if key not in row or not isinstance(value, kinds) or (kinds == (int, float) and isinstance(value, bool)):
+        if key not in row or not isinstance(value, kinds) or (kinds == (int, float) and isinstance(value, bool)) or (
+                key == "difficulty" and value not in DIFFICULTIES):
             raise EvalError(f"{path}: the row of task {row.get('task_id')!r} has a bad {key!r} ({value!r})")
 
 

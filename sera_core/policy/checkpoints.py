@@ -17,12 +17,19 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from sera_core.utils.errors import UserInputError
 from sera_core.utils.folders import sha256_file, swap_in
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserInputError):
     """A checkpoint that cannot be resumed from (the message says why): bad input, so the
     command line answers it with exit code 2 and one JSON error line."""
+
+
+class CheckpointWriteError(OSError, UserInputError):
+    """A checkpoint that could not be written where the run writes (a full disk, a read-only
+    folder, a size limit; the message names it and the checkpoint kept): the user's to fix,
+    so exit code 2 and one JSON error line; an ``OSError`` with the failed write's errno."""
 
 
 def model_path(cfg) -> Path:

@@ -24,7 +24,8 @@ def build_report(out_dir: str | Path, runs_dir: str | Path | None = None) -> dic
     "runs": [your summaries, relative to runs_dir]}``.
 
     Raises :class:`~sera_core.report.checks.ReportError` when a published number
-    disagrees with its recomputation or a summary under ``runs_dir`` is malformed.
+    disagrees with its recomputation, :class:`~sera_core.utils.errors.UserInputError` when a
+    summary under ``runs_dir`` is malformed.
     """
     runs = load_runs(runs_dir) if runs_dir is not None else []
     contents: dict[str, bytes] = {}

@@ -19,8 +19,8 @@ TOLERANCE = 0.01
 
 
 class ReportError(ValueError):
-    """A published number that disagrees with its recomputation, or a malformed input of
-    the report (the message names the number or the file)."""
+    """A published number that disagrees with its recomputation, or a relation that cannot
+    check it (the message names the number): the workbook's own data is wrong."""
 
 
 def recompute(relation: Relation, numbers: dict[Key, Number]) -> float:

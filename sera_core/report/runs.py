@@ -11,7 +11,7 @@
     by_difficulty  {difficulty: {"mean", "std", "n"}}   (some or all of easy..extreme)
 
 A file that is not JSON, or a ``sera.eval/1`` file missing one of these or holding a
-value of the wrong kind, raises :class:`~sera_core.report.checks.ReportError` naming
+value of the wrong kind, raises :class:`~sera_core.utils.errors.UserInputError` naming
 the file and the field.
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 
 from sera_core.envs.registry import BENCHMARKS
 from sera_core.eval.aggregate import DIFFICULTIES, SUMMARY_FORMAT
-from sera_core.report.checks import ReportError
+from sera_core.utils.errors import UserInputError
 
 
 @dataclass(frozen=True)
@@ -66,18 +66,19 @@ class UserRun:
 def load_runs(runs_dir: str | Path) -> list[UserRun]:
     """Every ``sera.eval/1`` summary under ``runs_dir`` (recursively), in path order.
 
-    Raises :class:`ReportError` when ``runs_dir`` is not a folder or a summary is malformed.
+    Raises :class:`~sera_core.utils.errors.UserInputError` when ``runs_dir`` is not a folder or
+    a summary is malformed.
     """
     root = Path(runs_dir)
     if not root.is_dir():
-        raise ReportError(f"runs folder {root} does not exist")
+        raise UserInputError(f"runs folder {root} does not exist")
     runs = []
     for path in sorted(root.rglob("summary.json"), key=lambda p: p.relative_to(root).as_posix()):
         rel = path.relative_to(root).as_posix()
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ReportError(f"{path}: not a readable JSON file ({exc})") from None
+            raise UserInputError(f"{path}: not a readable JSON file ({exc})") from None
         if isinstance(data, dict) and data.get("format") == SUMMARY_FORMAT:
             runs.append(_parse(data, rel, path))
     return runs
@@ -87,19 +88,19 @@ def _parse(data: dict[str, Any], rel: str, path: Path) -> UserRun:
     """A :class:`UserRun` from one summary's JSON object."""
     env = data.get("env")
     if env not in BENCHMARKS:
-        raise ReportError(f"{path}: env must be one of {tuple(BENCHMARKS)}, got {env!r}")
+        raise UserInputError(f"{path}: env must be one of {tuple(BENCHMARKS)}, got {env!r}")
     label = data.get("label")
     if not isinstance(label, str) or not label.strip():
-        raise ReportError(f"{path}: label must be non-empty text naming the model and scale, got {label!r}")
+        raise UserInputError(f"{path}: label must be non-empty text naming the model and scale, got {label!r}")
     method = data.get("method")
     if method is not None and not isinstance(method, str):
-        raise ReportError(f"{path}: method must be text or null, got {method!r}")
+        raise UserInputError(f"{path}: method must be text or null, got {method!r}")
     by_difficulty = data.get("by_difficulty")
     if not isinstance(by_difficulty, dict):
-        raise ReportError(f"{path}: by_difficulty must be an object, got {by_difficulty!r}")
+        raise UserInputError(f"{path}: by_difficulty must be an object, got {by_difficulty!r}")
     unknown = sorted(set(by_difficulty) - set(DIFFICULTIES))
     if unknown:
-        raise ReportError(f"{path}: by_difficulty has unknown difficulties {unknown}")
+        raise UserInputError(f"{path}: by_difficulty has unknown difficulties {unknown}")
     return UserRun(
         path=rel,
         env=env,
@@ -114,14 +115,14 @@ def _parse(data: dict[str, Any], rel: str, path: Path) -> UserRun:
 def _stat(obj: Any, field: str, path: Path) -> Stat:
     """A :class:`Stat` from ``{"mean", "std", "n"}``; mean in [0, 100], std >= 0 or null, n >= 1."""
     if not isinstance(obj, dict):
-        raise ReportError(f"{path}: {field} must be an object {{mean, std, n}}, got {obj!r}")
+        raise UserInputError(f"{path}: {field} must be an object {{mean, std, n}}, got {obj!r}")
     mean, std, n = obj.get("mean"), obj.get("std"), obj.get("n")
     if not _number(mean) or not 0.0 <= mean <= 100.0:
-        raise ReportError(f"{path}: {field}.mean must be a success rate in [0, 100], got {mean!r}")
+        raise UserInputError(f"{path}: {field}.mean must be a success rate in [0, 100], got {mean!r}")
     if std is not None and (not _number(std) or std < 0.0):
-        raise ReportError(f"{path}: {field}.std must be a non-negative number or null, got {std!r}")
+        raise UserInputError(f"{path}: {field}.std must be a non-negative number or null, got {std!r}")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ReportError(f"{path}: {field}.n must be a positive integer (seeds), got {n!r}")
+        raise UserInputError(f"{path}: {field}.n must be a positive integer (seeds), got {n!r}")
     return Stat(float(mean), None if std is None else float(std), n)
 
 

@@ -35,6 +35,7 @@ from sera_core.envs.textcraft.world import WorldConfig, generate_world
 from sera_core.policy.chat import ChatFormat
 from sera_core.policy.expert import ExpertPolicy
 from sera_core.tiny.sft import Sample
+from sera_core.utils.errors import UserInputError
 from sera_core.utils.seeding import derive_seed
 
 
@@ -79,13 +80,14 @@ class DemoConfig:
 
     def __post_init__(self) -> None:
         if self.textcraft_worlds < 0 or self.textworld_tasks < 0 or self.noisy_every < 1 or self.copy_drills < 0:
-            raise ValueError("textcraft_worlds, textworld_tasks, copy_drills >= 0 and noisy_every >= 1 are required")
+            raise UserInputError("textcraft_worlds, textworld_tasks, copy_drills >= 0 and noisy_every >= 1 "
+                                 "are required")
         if self.oversample < 1:
-            raise ValueError("oversample is a repeat count >= 1")
+            raise UserInputError("oversample is a repeat count >= 1")
         if not 0.0 <= self.perturb < 1.0:
-            raise ValueError("perturb is a probability in [0, 1)")
+            raise UserInputError("perturb is a probability in [0, 1)")
         if any(n < 0 for n in self.textcraft_mix.values()):
-            raise ValueError("textcraft_mix counts must be >= 0")
+            raise UserInputError("textcraft_mix counts must be >= 0")
 
 
 def turn_samples(turns: list[Turn]) -> Iterator[Sample]:

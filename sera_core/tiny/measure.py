@@ -53,6 +53,7 @@ from sera_core.agents.tree import Tree
 from sera_core.envs.registry import BENCHMARKS, pick_tasks, record_value
 from sera_core.eval.points import heldout_points, point_metrics
 from sera_core.policy.hf import HFPolicy
+from sera_core.utils.errors import UserInputError
 from sera_core.utils.jsonio import read_jsonl, write_atomic, write_jsonl
 
 POINTS_CHUNK = 4
@@ -165,11 +166,11 @@ def rescore_points(policy: HFPolicy, env: str, tasks: int, *, seed: int = 0, max
     rows = list(read_jsonl(kept)) if kept is not None and kept.exists() else []
     done = [DelegationPoint.from_json(row["point"]) for row in rows]
     if len(done) > len(held):
-        raise ValueError(f"{kept}: {len(done)} points kept, only {len(held)} held out: remove it")
+        raise UserInputError(f"{kept}: {len(done)} points kept, only {len(held)} held out: remove it")
     for i, (point, want) in enumerate(zip(done, held[:len(done)], strict=True)):
         if (point.tree_id, point.child_id) != (want.tree_id, want.child_id):
-            raise ValueError(f"{kept}: line {i + 1} holds point {point.tree_id}/{point.child_id}, expected "
-                             f"{want.tree_id}/{want.child_id}: it was written for other held-out points; remove it")
+            raise UserInputError(f"{kept}: line {i + 1} holds point {point.tree_id}/{point.child_id}, expected "
+                                 f"{want.tree_id}/{want.child_id}: it was written for other held-out points; remove it")
     seconds = sum(row["seconds"] for row in rows)
     greedy = RuntimeConfig(temperature=0.0, rubric_temperature=0.0, seed=seed)
     runtime = Runtime(env, PolicyActor(policy, max_batch=max_batch), greedy)
@@ -204,8 +205,8 @@ def play_kept(runtime: Runtime, tasks: list[dict], *, progress: bool = False,
     done = {row["tree"]["tree_id"]: Rollout(Tree.from_json(row["tree"]), [DelegationPoint.from_json(p) for p in row["points"]],
                                             row["seconds"]) for row in rows}
     if set(done) - set(ids):
-        raise ValueError(f"{kept}: holds trees {sorted(set(done) - set(ids))}, not among the tasks "
-                         f"{ids}: it was written for other tasks; remove it")
+        raise UserInputError(f"{kept}: holds trees {sorted(set(done) - set(ids))}, not among the tasks "
+                             f"{ids}: it was written for other tasks; remove it")
     last = time.perf_counter()
 
     def keep(rollout: Rollout) -> None:

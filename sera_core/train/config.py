@@ -28,6 +28,7 @@ from sera_core.envs import DIFFICULTIES
 from sera_core.envs.registry import BENCHMARKS
 from sera_core.rubrics import MalformedPolicy
 from sera_core.train.stages import StageController
+from sera_core.utils.errors import UserInputError
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 """The configs shipped in the package."""
@@ -37,7 +38,7 @@ RUBRIC_VARIANTS = ("ranking", "discriminative")
 BACKENDS = ("hf", "vllm")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserInputError):
     """A config that cannot run (the message names the key)."""
 
 

@@ -65,7 +65,7 @@ from sera_core.agents.actors import as_actor
 from sera_core.agents.runtime import Rollout, Runtime
 from sera_core.agents.summary import summarize
 from sera_core.envs.registry import benchmark
-from sera_core.policy.checkpoints import CheckpointError, model_path, read_checkpoint
+from sera_core.policy.checkpoints import CheckpointError, CheckpointWriteError, model_path, read_checkpoint
 from sera_core.rewards.execution import execution_datums
 from sera_core.rewards.leaf_credit import leaf_datums
 from sera_core.rewards.rubric_ranking import kept_points, rubric_datums
@@ -80,6 +80,7 @@ from sera_core.train.cispo import CISPOConfig
 from sera_core.train.config import TrainConfig
 from sera_core.train.stages import Stage, StageController
 from sera_core.train.update import loss_and_backward, token_rows
+from sera_core.utils.errors import UserInputError
 from sera_core.utils.folders import sha256_file, swap_in
 from sera_core.utils.seeding import derive_seed
 
@@ -169,8 +170,8 @@ class Trainer:
         from sera_core.policy.models import merged
 
         if self.accelerator.distributed_type == DistributedType.FSDP:
-            raise ValueError("backend hf cannot generate under FSDP (each process would generate on its shards, a "
-                             "collective whose length differs by process: it hangs); use backend: vllm")
+            raise UserInputError("backend hf cannot generate under FSDP (each process would generate on its shards, "
+                                 "a collective whose length differs by process: it hangs); use backend: vllm")
         # a plain model is shared (updates are what the next rollouts sample from); an adapter
         # is merged into a copy of its base (plain layers generate faster), re-made after each
         # update and owned by the policy (its weights laid out for decoding: hf.decode_layout)
@@ -433,8 +434,9 @@ class Trainer:
     def save(self) -> Path:
         """Write ``out/checkpoint`` atomically (module docstring). The main process writes;
         when it cannot (a full disk, a read-only folder, a size limit), every process raises
-        the same ``OSError`` naming the checkpoint that is kept, so no process of a
-        multi-process run waits at a collective the others never reach."""
+        the same :class:`~sera_core.policy.checkpoints.CheckpointWriteError` (an ``OSError``)
+        naming the checkpoint that is kept, so no process of a multi-process run waits at a
+        collective the others never reach."""
         from accelerate.utils import broadcast_object_list
         from safetensors import SafetensorError
         from safetensors.torch import save_file
@@ -469,7 +471,7 @@ class Trainer:
         if self.accelerator.num_processes > 1:
             failure = broadcast_object_list(failure, from_process=0)  # every process learns of it
         if failure[0] is not None:
-            raise OSError(*failure[0]) from cause
+            raise CheckpointWriteError(*failure[0]) from cause
         return final
 
     def load(self, path: Path) -> None:

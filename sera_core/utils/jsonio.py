@@ -13,6 +13,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from sera_core.utils.errors import UserInputError
+
 
 def json_native(obj: Any) -> Any:
     """A JSON-native copy of ``obj``: what ``json.loads(json.dumps(obj))`` gives (tuples become lists)."""
@@ -61,23 +63,27 @@ def write_atomic(path: Path, data: bytes) -> None:
 def read_jsonl(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
     """Yield the JSON object on each non-empty line of ``path``.
 
-    Raises ``ValueError`` naming the file and line when a line is not UTF-8 text or not a
-    JSON object.
+    Raises :class:`~sera_core.utils.errors.UserInputError` naming the file when there is no
+    such file, and the file and line when a line is not UTF-8 text or not a JSON object.
     """
-    with open(path, "rb") as fh:
+    try:
+        fh = open(path, "rb")
+    except FileNotFoundError:
+        raise UserInputError(f"no such file: {path}") from None
+    with fh:
         for lineno, raw in enumerate(fh, 1):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+                raise UserInputError(f"{path}:{lineno}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
             if not line.strip():
                 continue
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+                raise UserInputError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
             if not isinstance(obj, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+                raise UserInputError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
             yield obj
 
 
@@ -102,7 +108,7 @@ class JsonlCheckpoint:
                     fh.truncate(end)
             for i, rec in enumerate(read_jsonl(self.path), 1):
                 if not isinstance(rec.get(key), (str, int)) or isinstance(rec.get(key), bool):
-                    raise ValueError(f"{self.path}: record {i} has no {key!r} (a string or integer)")
+                    raise UserInputError(f"{self.path}: record {i} has no {key!r} (a string or integer)")
                 self.records[rec[key]] = rec
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)

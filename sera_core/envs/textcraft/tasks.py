@@ -41,6 +41,7 @@ from tqdm import tqdm
 from sera_core.envs import DIFFICULTIES as LEVELS
 from sera_core.envs.textcraft.planner import plan_crafts, split_requirements
 from sera_core.envs.textcraft.world import DOMAINS, RecipeBook, WorldConfig, generate_world, item_domain
+from sera_core.utils.errors import UserInputError
 from sera_core.utils.seeding import rng_for
 
 DIFFICULTY_DEPTHS: dict[str, tuple[int, int]] = {
@@ -219,16 +220,18 @@ MAX_TARGET_COUNT = 1_000_000
 
 
 def validate_record(record: dict, where: str = "record") -> None:
-    """Raise ``ValueError`` naming the problem if ``record`` is not a TextCraft task."""
+    """Raise :class:`~sera_core.utils.errors.UserInputError` naming the problem if ``record``
+    is not a TextCraft task."""
     if not isinstance(record, dict) or not isinstance(record.get("misc"), dict):
-        raise ValueError(f"{where}: not a TextCraft-Synth task (no 'misc' object)")
+        raise UserInputError(f"{where}: not a TextCraft-Synth task (no 'misc' object)")
     missing = [k for k in REQUIRED_MISC if k not in record["misc"]]
     if missing:
-        raise ValueError(f"{where}: misc lacks {', '.join(missing)}")
+        raise UserInputError(f"{where}: misc lacks {', '.join(missing)}")
     targets = record["misc"]["target_items"]
     if not isinstance(targets, dict) or not targets or not all(
             isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_TARGET_COUNT for v in targets.values()):
-        raise ValueError(f"{where}: misc.target_items must map items to positive counts (at most {MAX_TARGET_COUNT:,})")
+        raise UserInputError(f"{where}: misc.target_items must map items to positive counts "
+                             f"(at most {MAX_TARGET_COUNT:,})")
 
 
 def book_for_record(record: dict, *, official: bool = False) -> RecipeBook:

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+from sera_core.utils.errors import UserInputError
 from sera_core.utils.seeding import rng_for
 
 DOMAINS: tuple[str, ...] = ("m", "c", "o", "a", "t")
@@ -69,14 +70,14 @@ class WorldConfig:
 
     def __post_init__(self) -> None:
         if self.items_per_tier < 1:
-            raise ValueError("items_per_tier must be >= 1")
+            raise UserInputError("items_per_tier must be >= 1")
         if not 2 <= self.max_tier <= 30:
-            raise ValueError("max_tier must be between 2 and 30")
+            raise UserInputError("max_tier must be between 2 and 30")
         if not 1 <= self.prefixes_per_domain <= 10:
-            raise ValueError("prefixes_per_domain must be between 1 and 10 (one digit)")
+            raise UserInputError("prefixes_per_domain must be between 1 and 10 (one digit)")
         for name in ("cross_tier_prob", "cross_domain_prob"):
             if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1]")
+                raise UserInputError(f"{name} must be in [0, 1]")
 
 
 @dataclass(frozen=True)

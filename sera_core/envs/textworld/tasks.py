@@ -109,6 +109,7 @@ from sera_core.envs.textworld.data import (
     load_foods,
     task_foods,
 )
+from sera_core.utils.errors import UserInputError
 from sera_core.utils.seeding import rng_for
 
 FAMILIES: dict[str, str] = {
@@ -678,25 +679,25 @@ _TASK_ID = re.compile(r"cookingworld_multidish_(test|train|dev)_([a-z_]+)_(easy|
 
 def _missing(obj: object, keys: tuple[str, ...], where: str) -> None:
     if not isinstance(obj, dict):
-        raise ValueError(f"{where}: expected an object, got {type(obj).__name__}")  # noqa: TRY004 (API: ValueError)
+        raise UserInputError(f"{where}: expected an object, got {type(obj).__name__}")
     missing = [k for k in keys if k not in obj]
     if missing:
-        raise ValueError(f"{where}: missing fields {', '.join(missing)}")
+        raise UserInputError(f"{where}: missing fields {', '.join(missing)}")
 
 
 def _in_range(value: object, low: int, high: int, what: str, where: str) -> None:
     if not isinstance(value, int) or not low <= value <= high:
-        raise ValueError(f"{where}: {what} {value!r} is outside the band {low}-{high}")
+        raise UserInputError(f"{where}: {what} {value!r} is outside the band {low}-{high}")
 
 
 def validate_record(record: dict, where: str = "record") -> None:
-    """Raise ``ValueError`` naming the first problem if ``record`` is not a well-formed task
-    (:func:`_check_record`); a field of an unexpected type is such a problem too, never a
-    crash of the check itself."""
+    """Raise :class:`~sera_core.utils.errors.UserInputError` naming the first problem if
+    ``record`` is not a well-formed task (:func:`_check_record`); a field of an unexpected
+    type is such a problem too, never a crash of the check itself."""
     try:
         _check_record(record, where)
     except (TypeError, KeyError, AttributeError, IndexError) as exc:
-        raise ValueError(f"{where}: not a well-formed TextWorld-Sync task ({type(exc).__name__}: {exc})") from None
+        raise UserInputError(f"{where}: not a well-formed TextWorld-Sync task ({type(exc).__name__}: {exc})") from None
 
 
 def _check_record(record: dict, where: str) -> None:
@@ -712,69 +713,69 @@ def _check_record(record: dict, where: str) -> None:
     _missing(record, TOP_LEVEL_KEYS, where)
     family, difficulty, split = record["task_family"], record["difficulty"], record["split"]
     if family not in FAMILIES:
-        raise ValueError(f"{where}: unknown task_family {family!r}")
+        raise UserInputError(f"{where}: unknown task_family {family!r}")
     if difficulty not in DIFFICULTIES:
-        raise ValueError(f"{where}: unknown difficulty {difficulty!r}")
+        raise UserInputError(f"{where}: unknown difficulty {difficulty!r}")
     if split not in SPLITS or record["source_fold"] != split:
-        raise ValueError(f"{where}: split/source_fold must be one of {list(SPLITS)} and agree")
+        raise UserInputError(f"{where}: split/source_fold must be one of {list(SPLITS)} and agree")
     if record["base_game"] != "cookingworld" or record["game"] != "cookingworld_multidish" \
             or record["schema_version"] != 1:
-        raise ValueError(f"{where}: not a cookingworld_multidish schema-1 record")
+        raise UserInputError(f"{where}: not a cookingworld_multidish schema-1 record")
     match = _TASK_ID.fullmatch(str(record["task_id"]))
     if not match or match.groups() != (split, family, difficulty):
-        raise ValueError(f"{where}: task_id {record['task_id']!r} does not name split {split}, "
-                         f"family {family}, difficulty {difficulty}")
+        raise UserInputError(f"{where}: task_id {record['task_id']!r} does not name split {split}, "
+                             f"family {family}, difficulty {difficulty}")
     gen, params, par = record["generation"], record["game_params"], record["parallelism"]
     _missing(gen, ("source_db_fold", "source_db_seed", "task_family", "v7_seed", "v7_sampled_parameters",
                    "v7_sampled_runtime"), f"{where}.generation")
     _missing(params, GAME_PARAM_KEYS, f"{where}.game_params")
     _missing(par, PARALLELISM_KEYS, f"{where}.parallelism")
     if not isinstance(record["seed"], int) or not record["seed"] == gen["v7_seed"] == gen["source_db_seed"]:
-        raise ValueError(f"{where}: seed must be an int equal to generation.v7_seed and source_db_seed")
+        raise UserInputError(f"{where}: seed must be an int equal to generation.v7_seed and source_db_seed")
     if gen["task_family"] != family or par["pattern"] != FAMILIES[family]:
-        raise ValueError(f"{where}: generation.task_family / parallelism.pattern disagree with {family}")
+        raise UserInputError(f"{where}: generation.task_family / parallelism.pattern disagree with {family}")
     fold = gen["source_db_fold"]
     if fold not in ("train", "valid", "test"):
-        raise ValueError(f"{where}: unknown generation.source_db_fold {fold!r}")
+        raise UserInputError(f"{where}: unknown generation.source_db_fold {fold!r}")
 
     dishes = record["dishes"]
     if not isinstance(dishes, list) or not dishes:
-        raise ValueError(f"{where}: dishes must be a non-empty list")
+        raise UserInputError(f"{where}: dishes must be a non-empty list")
     foods = load_foods()
     seen: set[str] = set()
     for i, dish in enumerate(dishes):
         dw = f"{where}.dishes[{i}]"
         _missing(dish, DISH_KEYS, dw)
         if dish["dish_id"] != f"dish_{i + 1}":
-            raise ValueError(f"{dw}: dish_id {dish['dish_id']!r} should be dish_{i + 1}")
+            raise UserInputError(f"{dw}: dish_id {dish['dish_id']!r} should be dish_{i + 1}")
         if not isinstance(dish["recipe"], list) or not dish["recipe"]:
-            raise ValueError(f"{dw}: recipe must be a non-empty list")
+            raise UserInputError(f"{dw}: recipe must be a non-empty list")
         for j, entry in enumerate(dish["recipe"]):
             ew = f"{dw}.recipe[{j}]"
             _missing(entry, RECIPE_KEYS, ew)
             name, prep = entry["name"], entry["preparation"]
             if not (isinstance(prep, list) and len(prep) == 2 and prep[0] in COOKING and prep[1] in CUTTING):
-                raise ValueError(f"{ew}: preparation {prep!r} is not a (cook, cut) pair of {COOKING} x {CUTTING}")
+                raise UserInputError(f"{ew}: preparation {prep!r} is not a (cook, cut) pair of {COOKING} x {CUTTING}")
             if name in seen:
-                raise ValueError(f"{ew}: ingredient {name!r} repeats across or within dishes")
+                raise UserInputError(f"{ew}: ingredient {name!r} repeats across or within dishes")
             seen.add(name)
             pair = (prep[0], prep[1])
             if name not in task_foods():
-                raise ValueError(f"{ew}: {name!r} is not one of the CookingWorld ingredient foods")
+                raise UserInputError(f"{ew}: {name!r} is not one of the CookingWorld ingredient foods")
             if pair not in foods[name].preparations[fold]:
-                raise ValueError(f"{ew}: preparation {prep} of {name!r} is not allowed in the {fold} fold")
+                raise UserInputError(f"{ew}: preparation {prep} of {name!r} is not allowed in the {fold} fold")
             if entry["requires_preparation"] != (pair != ("raw", "uncut")) or entry["branch_work"] != branch_work(pair):
-                raise ValueError(f"{ew}: requires_preparation/branch_work disagree with preparation {prep}")
+                raise UserInputError(f"{ew}: requires_preparation/branch_work disagree with preparation {prep}")
         if dish["ingredient_names"] != [e["name"] for e in dish["recipe"]]:
-            raise ValueError(f"{dw}: ingredient_names differ from the recipe's names")
+            raise UserInputError(f"{dw}: ingredient_names differ from the recipe's names")
         if dish["estimated_branch_work"] != sum(e["branch_work"] for e in dish["recipe"]):
-            raise ValueError(f"{dw}: estimated_branch_work is not the sum of the recipe's branch_work")
+            raise UserInputError(f"{dw}: estimated_branch_work is not the sum of the recipe's branch_work")
 
     k = len(dishes)
     sizes = {len(d["recipe"]) for d in dishes}
     if params["numDishes"] != k or sizes != {params["numIngredientsPerDish"]} \
             or params["numIngredientsTotal"] != k * params["numIngredientsPerDish"]:
-        raise ValueError(f"{where}: game_params numDishes/numIngredients* disagree with the dishes")
+        raise UserInputError(f"{where}: game_params numDishes/numIngredients* disagree with the dishes")
     works = [d["estimated_branch_work"] for d in dishes]
     total, cpe = sum(works), max(works) + 2 * k
     expected = {
@@ -784,12 +785,12 @@ def _check_record(record: dict, where: str) -> None:
     }
     wrong = [key for key, value in expected.items() if par[key] != value]
     if wrong:
-        raise ValueError(f"{where}: parallelism {', '.join(wrong)} disagree with the dishes")
+        raise UserInputError(f"{where}: parallelism {', '.join(wrong)} disagree with the dishes")
     budget = par["shared_environment_max_steps"]
     if not isinstance(budget, int) or budget <= 0:
-        raise ValueError(f"{where}: shared_environment_max_steps must be a positive int, got {budget!r}")
+        raise UserInputError(f"{where}: shared_environment_max_steps must be a positive int, got {budget!r}")
     if gen["v7_sampled_runtime"].get("shared_environment_max_steps") != budget:
-        raise ValueError(f"{where}: parallelism and v7_sampled_runtime budgets differ")
+        raise UserInputError(f"{where}: parallelism and v7_sampled_runtime budgets differ")
 
     band = BANDS[difficulty]
     _in_range(k, *band.dishes, "dish count", where)
@@ -800,10 +801,10 @@ def _check_record(record: dict, where: str) -> None:
 
     texts, view = record["task_descriptions"], record["task_view"]
     if not isinstance(texts, dict) or set(texts) != {"coarse", "structured"}:
-        raise ValueError(f"{where}: task_descriptions must hold exactly 'coarse' and 'structured'")
+        raise UserInputError(f"{where}: task_descriptions must hold exactly 'coarse' and 'structured'")
     if view != band.view:
-        raise ValueError(f"{where}: task_view {view!r} should be {band.view!r} for {difficulty}")
+        raise UserInputError(f"{where}: task_view {view!r} should be {band.view!r} for {difficulty}")
     if texts["structured"] != render_structured(record) or texts["coarse"] != render_coarse(record):
-        raise ValueError(f"{where}: task_descriptions do not match the dishes and family")
+        raise UserInputError(f"{where}: task_descriptions do not match the dishes and family")
     if record["task_description"] != texts[view]:
-        raise ValueError(f"{where}: task_description is not task_descriptions[{view!r}]")
+        raise UserInputError(f"{where}: task_description is not task_descriptions[{view!r}]")
