@@ -32,7 +32,9 @@ import copy
 import json
 import os
 import platform
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -101,7 +103,7 @@ def render(path: Path, *, smoke: bool, timeout: int) -> float:
     """Execute ``path`` with papermill (module docstring), store it cleaned; the seconds it took."""
     import papermill as pm
 
-    out = path.with_suffix(".rendering.ipynb")
+    out = Path(tempfile.mkdtemp(prefix="render_course_")) / path.name  # outside notebooks/: never seen as a notebook
     start = time.perf_counter()
     try:
         pm.execute_notebook(str(path), str(out), parameters={"SMOKE": True} if smoke else {}, cwd=str(NOTEBOOKS),
@@ -109,7 +111,7 @@ def render(path: Path, *, smoke: bool, timeout: int) -> float:
         seconds = time.perf_counter() - start
         text = json.dumps(clean(json.loads(out.read_text())), indent=1, ensure_ascii=False) + "\n"
     finally:
-        out.unlink(missing_ok=True)
+        shutil.rmtree(out.parent, ignore_errors=True)
     if len(text.encode()) > MAX_BYTES:
         raise SystemExit(f"{path.name}: {len(text.encode()):,} bytes after cleaning, over {MAX_BYTES:,}: "
                          "show less (smaller figures, shorter tables)")
