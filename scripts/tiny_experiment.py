@@ -18,7 +18,8 @@ Before and after training, on held-out material:
   (:mod:`sera_core.eval.points`: the noisy expert's mixed counterfactual groups of B = 8 on
   the last ``--points-tasks`` medium val tasks): the policy writes each rubric at
   temperature 1 and scores the stored branches; pairwise accuracy and ranking loss;
-* **root success** at temperature 0 on ``--eval-tasks`` val tasks (half easy, half medium),
+* **root success** at temperature 0 on ``--eval-tasks`` val tasks (split evenly over
+  ``--eval-levels``: half easy, half medium by default),
   under the evaluation contract except the per-turn cap ``--eval-max-new-tokens``
   (``sera eval``'s evaluator; resumable);
 * from each run's ``metrics.csv``: tokens trained per stage, the share of counterfactual
@@ -70,8 +71,8 @@ def held_out(args) -> tuple[list, list[dict]]:
     path = Path(args.out) / "points.jsonl"
     if not path.exists():
         write_jsonl(path, [p.to_json() for p in heldout_points("textcraft", points_tasks("textcraft", args.points_tasks))])
-    half = args.eval_tasks // 2
-    tasks = pick_tasks("textcraft", "val", difficulty=("easy", "medium"), per_level=half)
+    levels = tuple(args.eval_levels)
+    tasks = pick_tasks("textcraft", "val", difficulty=levels, per_level=-(-args.eval_tasks // len(levels)))
     return read_points(path), tasks[:args.eval_tasks]
 
 
@@ -221,7 +222,8 @@ def main() -> None:
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--updates", type=int, default=30, help="updates per arm and seed")
     parser.add_argument("--points-tasks", type=int, default=24, help="medium val tasks whose mixed groups are the held-out points")
-    parser.add_argument("--eval-tasks", type=int, default=100, help="val tasks evaluated at temperature 0 (half easy, half medium)")
+    parser.add_argument("--eval-tasks", type=int, default=100, help="val tasks evaluated at temperature 0 (split evenly over --eval-levels)")
+    parser.add_argument("--eval-levels", nargs="+", default=["easy", "medium"], help="difficulties of the evaluated val tasks")
     parser.add_argument("--eval-max-new-tokens", type=int, default=256,
                         help="per-turn completion cap in the evaluation (the contract's is 512; the tiny configs train at 256)")
     parser.add_argument("--out", default="runs/tiny_experiment")
@@ -234,6 +236,7 @@ def main() -> None:
     results = collect(args, points, tasks, run_missing=not args.report)
     table = report(results)
     write_json(out / "results.json", {"arms": {a: ARMS[a][1] or "execution:1" for a in ARMS}, "updates": args.updates,
+                                      "eval_levels": args.eval_levels,
                                       "seeds": args.seeds, "points": len(points), "eval_tasks": len(tasks),
                                       "results": results})
     (out / "table.md").write_text(table + "\n")
