@@ -163,6 +163,10 @@ def test_a_recorded_fixture_loads_as_typed_rollouts_and_a_damaged_file_fails_nam
 
     with pytest.raises(ValueError, match="recorded with the config textcraft/sera_tiny.yaml"):
         load_fixture(out, load_config("textcraft/sera_tiny.yaml"))  # another K: another config
+    played_by_another = {**manifest, "model": {"model": "tiny", "adapter_sha256": "0" * 64}}
+    (out / "manifest.json").write_text(json.dumps(played_by_another))
+    with pytest.raises(ValueError, match="played by another adapter"):  # recorded logprobs are not this model's
+        load_fixture(out, load_config("textcraft/sera_tiny.yaml", trees_per_task=2))
     damaged = out / FIXTURE_FILES["expert_points"]
     data = bytearray(gzip.decompress(damaged.read_bytes()))
     data[data.index(b'"label": true')] = ord(" ")
