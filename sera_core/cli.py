@@ -18,6 +18,8 @@ Subcommands (later issues add more):
   (:mod:`sera_core.eval.evaluator`); prints the summary (and tasks per minute).
 * ``sera tables [--runs DIR] [--out figures]``: the paper's tables (CSV, Markdown) and
   plots from the published numbers, your evaluations beside them (:mod:`sera_core.report`).
+* ``sera course record [--out notebooks/fixture] [--config FILE] [--set KEY=VALUE ...]``: record the
+  course's shared fixture, the rollouts notebooks 04-07 read (:func:`sera_core.course.record_fixture`).
 * ``sera train --config FILE [--dry-run] [--resume] [--total-updates N] [--out DIR] [--set KEY=VALUE ...]``: train
   a method (``sera_core/configs/<env>/<method>_<scale>.yaml``); ``--dry-run`` validates
   the config and prints the plan without loading a model.
@@ -297,6 +299,18 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
             "tokens_trained": trainer.counters["tokens_trained"]}  # since the run began (resumes included)
 
 
+def cmd_course(args: argparse.Namespace) -> dict[str, Any]:
+    from sera_core.course import record_fixture
+
+    manifest = record_fixture(args.out, args.config, overrides=dict(_setting(text) for text in args.set or []),
+                              expert_tasks=args.expert_tasks, points=args.points, policy_tasks=args.policy_tasks,
+                              seed=args.seed, policy_seed=args.policy_seed, policy_max_steps=args.policy_max_steps or None,
+                              policy_split=args.policy_split, progress=True)
+    return {"action": "record", "out": str(args.out), "config_hash": manifest["config"]["hash"],
+            "points": manifest["expert"]["groups"], "policy_root_rewards": manifest["policy"]["root_rewards"],
+            "bytes": manifest["bytes"], "seconds": manifest["seconds"]}
+
+
 def cmd_export(args: argparse.Namespace) -> dict[str, Any]:
     from sera_core.policy.checkpoints import export_checkpoint
 
@@ -450,6 +464,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override any config key (repeatable; the value is read as YAML, e.g. --set difficulties=[easy]); "
                         "checked like the file's keys before any work")
     p.set_defaults(func=cmd_train)
+
+    from sera_core.course import FIXTURE_CONFIG, FIXTURE_POLICY_SEED, FIXTURE_POLICY_STEPS
+
+    p = sub.add_parser("course", help="record the course's shared fixture: the rollouts notebooks 04-07 read")
+    p.add_argument("action", choices=["record"])
+    p.add_argument("--out", type=Path, default=Path("notebooks/fixture"), help="the fixture folder (replaced whole)")
+    p.add_argument("--config", default=FIXTURE_CONFIG, help="the run config (its rollout settings, model and K trees per task)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    p.add_argument("--expert-tasks", type=int, default=2, help="medium evaluation tasks the noisy expert plays (K trees each)")
+    p.add_argument("--points", type=int, default=4, help="mixed delegation points kept (the smallest) and rescored by the policy")
+    p.add_argument("--policy-tasks", type=int, default=2, help="easy tasks the policy plays (K trees each)")
+    p.add_argument("--policy-split", default="train", help="the split of the policy's tasks (the trainer's: train)")
+    p.add_argument("--seed", type=int, help="runtime seed of the expert's trees and the rescoring (default: the config's)")
+    p.add_argument("--policy-seed", type=int, default=FIXTURE_POLICY_SEED,
+                   help="runtime seed of the policy's trees (one at which a task's trees end differently)")
+    p.add_argument("--policy-max-steps", type=int, default=FIXTURE_POLICY_STEPS,
+                   help="steps per agent of the policy's trees (0: the config's)")
+    p.set_defaults(func=cmd_course)
 
     p = sub.add_parser("export", help="write a training checkpoint's model as a Hugging Face folder")
     p.add_argument("--run", type=Path, required=True, help="a `sera train` run folder or its checkpoint/")

@@ -8,20 +8,46 @@
 * :func:`noisy_expert` (from :mod:`sera_core.agents.actors`): the scripted expert with seeded
   mistakes (failed branches to rank, rewards that differ between trees);
 * :func:`eval_row`: one row of an evaluation summary for a results table;
-* :func:`rollout_policy`: a run config's rollout policy on its starting model.
+* :func:`rollout_policy`: a run config's rollout policy on its starting model;
+* :func:`record_fixture` (``sera course record``) and :func:`load_fixture`: the course's
+  shared recorded rollouts (:data:`FIXTURE`), which notebooks 04-07 read instead of playing
+  trees in their set-up: the noisy expert's trees with counterfactual groups and a few of
+  their mixed delegation points, the same points rescored by the policy, and the policy's
+  own execution trees.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
-from dataclasses import dataclass
+import shutil
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from sera_core.agents.actors import noisy_expert
 from sera_core.envs.registry import pick_tasks
 from sera_core.utils.errors import UserInputError
 
-__all__ = ["Lesson", "eval_row", "noisy_expert", "pick_tasks", "rollout_policy", "setup"]
+__all__ = ["FIXTURE", "Fixture", "Lesson", "config_hash", "eval_row", "load_fixture", "noisy_expert", "pick_tasks",
+           "record_fixture", "rollout_policy", "setup"]
+
+FIXTURE = Path(__file__).resolve().parents[1] / "notebooks" / "fixture"
+"""The course's recorded fixture (``sera course record --out notebooks/fixture``)."""
+FIXTURE_FORMAT = "sera.course-fixture/1"
+"""The ``format`` tag of a fixture's ``manifest.json``."""
+FIXTURE_CONFIG = "textcraft/sera_tiny.yaml"
+"""The run config the course's fixture is recorded with (the embedded policy's)."""
+FIXTURE_POLICY_SEED = 0
+"""The runtime seed of the policy's trees in the course's fixture: one at which the root
+rewards of a task's trees differ (notebook 07 trains on that difference)."""
+FIXTURE_POLICY_STEPS = 8
+"""Steps per agent of the policy's trees in the course's fixture (notebook 07's smoke setting:
+solved trees end early and failed ones run to the cap, so a short cap keeps both outcomes and
+the recording short; the trainer's is the config's ``max_steps_per_agent``)."""
 
 
 @dataclass(frozen=True)
@@ -103,3 +129,245 @@ def rollout_policy(cfg: Any, *, dtype: str | None = None) -> Any:
     from sera_core.policy.hf import HFPolicy
 
     return HFPolicy(model_path(cfg))
+
+
+def config_hash(cfg: Any) -> str:
+    """The first 16 hex digits of the sha256 of a run config's settings (``cfg.to_json()``,
+    keys sorted): two configs with the same hash play and train alike."""
+    return hashlib.sha256(json.dumps(cfg.to_json(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def code_version() -> dict[str, Any]:
+    """The package version and, in a git checkout, its commit and whether tracked files differ
+    from it (``dirty``); ``commit`` None outside a checkout."""
+    from sera_core import __version__
+
+    root, out = Path(__file__).resolve().parents[1], {"sera_version": __version__, "commit": None, "dirty": None}
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                check=True)
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return out
+    return out | {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
+
+
+def model_identity(cfg: Any) -> dict[str, Any]:
+    """What names a run config's starting model: ``model`` and ``backend``, and for an adapter
+    folder (the embedded policy) its recipe hash, base weights and the sha256 of its weights file."""
+    from sera_core.policy.checkpoints import model_path
+    from sera_core.policy.models import is_adapter
+    from sera_core.utils.folders import sha256_file
+
+    path, out = model_path(cfg), {"model": cfg.model, "backend": cfg.backend}
+    if is_adapter(path):
+        from sera_core.tiny.warmstart import read_manifest
+
+        manifest = read_manifest(path)
+        out |= {"recipe_hash": manifest.get("recipe_hash"), "base": manifest.get("base"),
+                "adapter_sha256": sha256_file(path / "adapter_model.safetensors")}
+    return out
+
+
+@dataclass(frozen=True)
+class Fixture:
+    """The course's recorded rollouts (:func:`record_fixture`), as :func:`load_fixture` reads them."""
+
+    path: Path
+    manifest: dict
+    """How it was made: command, config and hash, seeds, model, code version, files, seconds."""
+    expert_tasks: list[dict]
+    """The medium tasks of the benchmark's evaluation split the noisy expert played."""
+    expert_trees: list[Any]
+    """K (``trees_per_task``) trees of each, with counterfactual groups of B branches (ids ``{task}/t{k}``)."""
+    expert_points: list[Any]
+    """A few of their *mixed* delegation points (both outcomes among the branches): the expert's
+    frozen rubric and its scores of the B branches."""
+    policy_points: list[Any]
+    """The same points (same order, same branches and labels) rescored by the policy at temperature
+    0: the rubric it wrote from the stored prompt and its scores of the stored branches."""
+    policy_tasks: list[dict]
+    """The easy training tasks the policy played."""
+    policy_trees: list[Any]
+    """K trees of each, played by the policy at temperature 1 without branches (the trainer's
+    execution rollouts), with its float32 log-probabilities."""
+
+    def rollouts(self, part: str = "expert") -> list[Any]:
+        """The trees of ``part`` (``expert`` or ``policy``) as :class:`~sera_core.agents.runtime.Rollout` s,
+        each with its kept delegation points."""
+        from sera_core.agents.runtime import Rollout
+
+        trees = {"expert": self.expert_trees, "policy": self.policy_trees}[part]
+        return [Rollout(t, [p for p in self.expert_points if p.tree_id == t.tree_id] if part == "expert" else [])
+                for t in trees]
+
+    def settings(self, part: str = "expert") -> Any:
+        """The :class:`~sera_core.agents.runtime.RuntimeConfig` ``part`` was played with
+        (``expert``, ``rescore`` or ``policy``)."""
+        from sera_core.agents.runtime import RuntimeConfig
+
+        return RuntimeConfig(**self.manifest[part]["settings"])
+
+
+FIXTURE_FILES = {"expert_tasks": "expert_tasks.jsonl.gz", "expert_trees": "expert_trees.jsonl.gz",
+                 "expert_points": "expert_points.jsonl.gz", "policy_points": "policy_points.jsonl.gz",
+                 "policy_tasks": "policy_tasks.jsonl.gz", "policy_trees": "policy_trees.jsonl.gz"}
+"""The fixture's files (gzip'd JSON lines), by the :class:`Fixture` field they fill."""
+
+
+def record_fixture(out: str | os.PathLike, config: str = FIXTURE_CONFIG, *, overrides: dict[str, Any] | None = None,
+                   expert_tasks: int = 2, points: int = 4, policy_tasks: int = 2, seed: int | None = None,
+                   policy_seed: int = FIXTURE_POLICY_SEED, policy_max_steps: int | None = FIXTURE_POLICY_STEPS,
+                   policy: Any = None, policy_split: str = "train", progress: bool = False) -> dict[str, Any]:
+    """Record the course's fixture into the folder ``out`` (written whole, then swapped in) and
+    return its manifest. With the run config ``config`` (``overrides`` on top):
+
+    1. the policy plays ``trees_per_task`` trees of each of the first ``policy_tasks`` easy
+       tasks of ``policy_split`` (the trainer's: ``train``) at the config's temperature without
+       branches (runtime seed ``policy_seed``; ``policy_max_steps`` steps per agent, None: the config's).
+       If every task's trees end alike the seed is refused (ValueError, before the rest is
+       played): notebook 07 trains on their difference;
+    2. the noisy expert plays ``trees_per_task`` trees of each of the first ``expert_tasks``
+       medium tasks of the benchmark's evaluation split with the config's counterfactual groups
+       (B branches; runtime seed ``seed``, default the config's); of their mixed groups the
+       ``points`` smallest (fewest bytes: the fixture stays small) are kept, in rollout order;
+    3. the policy rescores those points (:meth:`~sera_core.agents.runtime.Runtime.rescore`:
+       it writes the rubric from the stored prompt and scores the stored branches, both at
+       temperature 0).
+
+    ``policy`` is the actor (or generating policy) of steps 1 and 3; default the config's
+    rollout policy on its starting model in float32 (:func:`rollout_policy`), so the recorded
+    log-probabilities match a float32 trainer's within 1e-3. The manifest holds the command
+    that remakes the fixture, the config and its hash, the seeds, the model's identity, the
+    code version, each file's sha256 and size, and the seconds each step took."""
+    from sera_core.agents.actors import as_actor
+    from sera_core.agents.runtime import Runtime
+    from sera_core.agents.tree import write_trees
+    from sera_core.eval.points import point_metrics
+    from sera_core.train.config import load_config
+    from sera_core.utils.folders import sha256_file, swap_in
+    from sera_core.utils.jsonio import write_jsonl
+
+    t_start, seconds = time.perf_counter(), {}
+    overrides = dict(overrides or {})
+    cfg = load_config(config, **overrides)
+    seed, k = cfg.seed if seed is None else seed, cfg.trees_per_task
+    expert_settings = cfg.rollout_settings(seed=seed)
+    if expert_settings.counterfactual < 2:
+        raise ValueError(f"{config}: counterfactual must be >= 2 to record delegation points")
+    actor = as_actor(policy if policy is not None else rollout_policy(cfg, dtype="float32"))
+
+    t0 = time.perf_counter()
+    policy_records = pick_tasks(cfg.env, policy_split, difficulty="easy", count=policy_tasks)
+    steps = {"max_steps": policy_max_steps} if policy_max_steps else {}
+    policy_settings = cfg.rollout_settings(branches=False, seed=policy_seed, **steps)
+    own = Runtime(cfg.env, actor, policy_settings).run(policy_records, trees=k, progress=progress)
+    rewards = {t: [r.tree.root_reward for r in own if r.tree.task_id == t]
+               for t in dict.fromkeys(r.tree.task_id for r in own)}
+    if all(len(set(v)) == 1 for v in rewards.values()):
+        raise ValueError(f"at policy seed {policy_seed} every task's trees end alike (root rewards {rewards}): "
+                         "notebook 07 needs trees whose rewards differ; try another seed")
+    seconds["policy"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    expert_records = pick_tasks(cfg.env, difficulty="medium", count=expert_tasks)
+    expert = Runtime(cfg.env, noisy_expert(), expert_settings).run(expert_records, trees=k, progress=progress)
+    played = [p for r in expert for p in r.points]
+    mixed = [p for p in played if not p.ranking.skipped]
+    if not mixed:
+        raise ValueError(f"the noisy expert's {len(played)} delegation points have no mixed group: play more tasks")
+    smallest = sorted(range(len(mixed)), key=lambda i: len(json.dumps(mixed[i].to_json())))[:points]
+    kept = [mixed[i] for i in sorted(smallest)]
+    seconds["expert"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    rescore_settings = cfg.rollout_settings(seed=seed, temperature=0.0, rubric_temperature=0.0)
+    rescored = Runtime(cfg.env, actor, rescore_settings).rescore_all(kept, progress=progress)
+    seconds["rescore"] = time.perf_counter() - t0
+
+    out = Path(out)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    content = {"expert_tasks": expert_records, "expert_trees": [r.tree for r in expert], "expert_points": kept,
+               "policy_points": rescored, "policy_tasks": policy_records, "policy_trees": [r.tree for r in own]}
+    for field_name, name in FIXTURE_FILES.items():
+        items = content[field_name]
+        if field_name.endswith("_trees"):
+            write_trees(tmp / name, items)
+        else:
+            write_jsonl(tmp / name, [x.to_json() if hasattr(x, "to_json") else x for x in items])
+    files = {name: {"sha256": sha256_file(tmp / name), "bytes": (tmp / name).stat().st_size}
+             for name in FIXTURE_FILES.values()}
+    command = ["sera course record", f"--out {out}", f"--config {config}",
+               *(f"--set {k}={json.dumps(v)}" for k, v in overrides.items()), f"--expert-tasks {expert_tasks}",
+               f"--points {points}", f"--policy-tasks {policy_tasks}",
+               f"--policy-split {policy_split}", f"--seed {seed}", f"--policy-seed {policy_seed}",
+               f"--policy-max-steps {policy_max_steps or 0}"]
+    metrics = {"expert": point_metrics(kept), "policy": point_metrics(rescored)}
+    manifest = {
+        "format": FIXTURE_FORMAT, "command": " ".join(command),
+        "config": {"name": config, "overrides": overrides, "hash": config_hash(cfg), "values": cfg.to_json()},
+        "seeds": {"expert": seed, "rescore": seed, "policy": policy_seed, "engine": cfg.seed},
+        "model": model_identity(cfg) | {"dtype": "float32"} if policy is None else {"actor": type(policy).__name__},
+        "code": code_version(),
+        "expert": {"tasks": list(dict.fromkeys(r.tree.task_id for r in expert)), "difficulty": "medium",
+                   "trees_per_task": k, "settings": asdict(expert_settings),
+                   "root_rewards": {r.tree.tree_id: r.tree.root_reward for r in expert},
+                   "groups": {"played": len(played), "mixed": len(mixed), "kept": len(kept)},
+                   "points": [f"{p.tree_id}/{p.child_id}" for p in kept], "seconds": round(seconds["expert"], 1)},
+        "rescore": {"settings": asdict(rescore_settings), "metrics": metrics, "seconds": round(seconds["rescore"], 1)},
+        "policy": {"tasks": list(rewards), "split": policy_split, "difficulty": "easy", "trees_per_task": k,
+                   "settings": asdict(policy_settings), "root_rewards": rewards,
+                   "seconds": round(seconds["policy"], 1)},
+        "files": files, "bytes": sum(f["bytes"] for f in files.values()),
+        "seconds": round(time.perf_counter() - t_start, 1),
+    }
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    swap_in(tmp, out)
+    return manifest
+
+
+def load_fixture(path: str | os.PathLike = FIXTURE, config: Any = None) -> Fixture:
+    """The fixture :func:`record_fixture` wrote to ``path``, each file checked against the sha256
+    and size in its manifest (a changed or damaged file is a ValueError naming it); trees are
+    :class:`~sera_core.agents.tree.Tree` s, points
+    :class:`~sera_core.agents.points.DelegationPoint` s, tasks records. With ``config`` (a
+    run config), it must be the one the fixture was recorded with (same :func:`config_hash`),
+    and its starting model the one that played (same weights): else the recorded scores and
+    log-probabilities would not be that model's."""
+    from sera_core.agents.summary import read_points
+    from sera_core.agents.tree import read_trees
+    from sera_core.utils.folders import sha256_file
+    from sera_core.utils.jsonio import read_jsonl
+
+    path = Path(path)
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no course fixture here (no manifest.json); make one with "
+                         f"`sera course record --out {path}`") from None
+    if manifest.get("format") != FIXTURE_FORMAT:
+        raise ValueError(f"{path}/manifest.json: format {manifest.get('format')!r}, expected {FIXTURE_FORMAT!r}")
+    remake = f"remake the fixture with `{manifest['command']}`"
+    for name, want in manifest["files"].items():
+        file = path / name
+        if not file.is_file():
+            raise ValueError(f"{file}: missing from the fixture; {remake}")
+        if file.stat().st_size != want["bytes"] or sha256_file(file) != want["sha256"]:
+            raise ValueError(f"{file}: its sha256 differs from the manifest's (the file was changed or damaged); "
+                             f"{remake}")
+    if config is not None:
+        recorded = manifest["config"]
+        if config_hash(config) != recorded["hash"]:
+            raise ValueError(f"{path} was recorded with the config {recorded['name']} (hash {recorded['hash']}), "
+                             f"not this one (hash {config_hash(config)}): use that config, play fresh trees, or {remake}")
+        model = manifest["model"]
+        if "adapter_sha256" in model and model_identity(config).get("adapter_sha256") != model["adapter_sha256"]:
+            raise ValueError(f"{path} was played by another adapter (sha256 {model['adapter_sha256'][:12]}...) than "
+                             f"{config.model}'s now: {remake}")
+    files = {field_name: path / name for field_name, name in FIXTURE_FILES.items()}
+    return Fixture(path, manifest,
+                   expert_tasks=list(read_jsonl(files["expert_tasks"])), expert_trees=read_trees(files["expert_trees"]),
+                   expert_points=read_points(files["expert_points"]), policy_points=read_points(files["policy_points"]),
+                   policy_tasks=list(read_jsonl(files["policy_tasks"])), policy_trees=read_trees(files["policy_trees"]))

@@ -115,3 +115,101 @@ def test_the_clis_expert_noise_is_its_mistake_rate_with_half_as_many_early_finis
     configs = make_actor("expert", noise=0.2).configs
     assert (configs["textcraft"].waste, configs["textcraft"].early_finish) == (0.2, 0.1)
     assert (configs["textworld"].mistake, configs["textworld"].early_finish) == (0.2, 0.1)
+
+
+def test_a_recorded_fixture_loads_as_typed_rollouts_and_a_damaged_file_fails_naming_it(tmp_path):
+    """A small fixture recorded with the noisy expert in the policy's place (seconds): what
+    notebooks 04-07 read comes back typed and checked, and a changed byte is refused."""
+    import gzip
+    import json
+    import shlex
+
+    from sera_core.agents.points import DelegationPoint
+    from sera_core.agents.tree import Tree
+    from sera_core.cli import _setting, build_parser
+    from sera_core.course import FIXTURE_FILES, config_hash, load_fixture, record_fixture
+    from sera_core.train.config import load_config
+
+    out = tmp_path / "fixture"
+    small = dict(overrides={"trees_per_task": 2}, expert_tasks=1, points=1, policy_tasks=2, policy=noisy_expert(),
+                 policy_split="val")
+    with pytest.raises(ValueError, match="at policy seed 4 every task's trees end alike"):  # refused before the rest
+        record_fixture(out, **small, policy_seed=4)
+    assert not out.exists()
+    manifest = record_fixture(out, **small, policy_seed=1)
+    fixture = load_fixture(out, load_config("textcraft/sera_tiny.yaml", trees_per_task=2))
+    assert fixture.manifest == manifest == json.loads((out / "manifest.json").read_text())
+    assert manifest["config"]["hash"] == config_hash(load_config("textcraft/sera_tiny.yaml", trees_per_task=2))
+    assert manifest["command"].startswith("sera course record --out ") and "--set trees_per_task=2" in manifest["command"]
+    assert set(manifest["files"]) == set(FIXTURE_FILES.values()) and manifest["bytes"] < 400_000
+    assert manifest["code"]["sera_version"] and manifest["seeds"]["policy"] == 1 and manifest["seconds"] > 0
+    assert len(fixture.expert_trees) == 2 and all(isinstance(t, Tree) for t in fixture.expert_trees + fixture.policy_trees)
+    (point,) = fixture.expert_points
+    (rescored,) = fixture.policy_points
+    assert isinstance(point, DelegationPoint) and not point.ranking.skipped and len(point.branches) == 8  # mixed, B = 8
+    assert (rescored.tree_id, rescored.child_id, rescored.labels) == (point.tree_id, point.child_id, point.labels)
+    assert manifest["expert"]["groups"]["kept"] == 1 <= manifest["expert"]["groups"]["mixed"]
+    rewards = manifest["policy"]["root_rewards"]
+    assert len(fixture.policy_trees) == 4 and any(len(set(v)) > 1 for v in rewards.values())  # trees that differ
+    assert [r.points for r in fixture.rollouts("expert") if r.tree.tree_id == point.tree_id] == [[point]]
+    assert fixture.settings("expert").counterfactual == 8 and fixture.settings("policy").counterfactual == 0
+    assert fixture.settings("rescore").rubric_temperature == 0.0
+    assert [t["id"] for t in fixture.policy_tasks] == list(rewards)
+    args = build_parser().parse_args(shlex.split(manifest["command"])[1:])  # the command remakes this fixture
+    assert (args.command, args.action, args.out, args.config, dict(_setting(s) for s in args.set)) == \
+        ("course", "record", out, "textcraft/sera_tiny.yaml", {"trees_per_task": 2})
+    assert (args.expert_tasks, args.points, args.policy_tasks, args.policy_split, args.seed, args.policy_seed,
+            args.policy_max_steps) == (1, 1, 2, "val", 0, 1, 8)
+
+    with pytest.raises(ValueError, match="recorded with the config textcraft/sera_tiny.yaml"):
+        load_fixture(out, load_config("textcraft/sera_tiny.yaml"))  # another K: another config
+    played_by_another = {**manifest, "model": {"model": "tiny", "adapter_sha256": "0" * 64}}
+    (out / "manifest.json").write_text(json.dumps(played_by_another))
+    with pytest.raises(ValueError, match="played by another adapter"):  # recorded logprobs are not this model's
+        load_fixture(out, load_config("textcraft/sera_tiny.yaml", trees_per_task=2))
+    damaged = out / FIXTURE_FILES["expert_points"]
+    data = bytearray(gzip.decompress(damaged.read_bytes()))
+    data[data.index(b'"label": true')] = ord(" ")
+    damaged.write_bytes(gzip.compress(bytes(data)))
+    with pytest.raises(ValueError, match=f"{damaged}: its sha256 differs.*sera course record"):
+        load_fixture(out)
+    damaged.unlink()
+    with pytest.raises(ValueError, match=f"{damaged}: missing"):
+        load_fixture(out)
+    with pytest.raises(ValueError, match="no course fixture here.*sera course record"):
+        load_fixture(tmp_path / "nothing")
+
+
+def test_json_lines_round_trip_gzip_with_the_same_bytes_and_name_a_damaged_file(tmp_path):
+    from sera_core.utils.jsonio import read_jsonl, write_jsonl
+
+    rows = [{"a": 1}, {"b": [1, 2]}]
+    write_jsonl(tmp_path / "x.jsonl.gz", rows)
+    first = (tmp_path / "x.jsonl.gz").read_bytes()
+    write_jsonl(tmp_path / "x.jsonl.gz", rows)
+    assert (tmp_path / "x.jsonl.gz").read_bytes() == first and first[:2] == b"\x1f\x8b"  # gzip, time 0: same bytes
+    assert list(read_jsonl(tmp_path / "x.jsonl.gz")) == rows
+    (tmp_path / "cut.jsonl.gz").write_bytes(first[:-6])
+    with pytest.raises(ValueError, match="cut.jsonl.gz: not readable gzip data"):
+        list(read_jsonl(tmp_path / "cut.jsonl.gz"))
+
+
+def test_sera_course_record_hands_its_arguments_to_record_fixture(tmp_path, monkeypatch, capsys):
+    import json
+
+    import sera_core.course
+    from sera_core.cli import main
+
+    seen = {}
+
+    def fake(out, config, **kwargs):
+        seen.update(out=out, config=config, **kwargs)
+        return {"config": {"hash": "h"}, "expert": {"groups": {"kept": 4}}, "policy": {"root_rewards": {}},
+                "bytes": 1, "seconds": 2.0}
+
+    monkeypatch.setattr(sera_core.course, "record_fixture", fake)
+    assert main(["course", "record", "--out", str(tmp_path), "--set", "trees_per_task=3", "--policy-max-steps", "0"]) == 0
+    assert seen["out"] == tmp_path and seen["config"] == "textcraft/sera_tiny.yaml"
+    assert seen["overrides"] == {"trees_per_task": 3} and seen["policy_max_steps"] is None  # 0: the config's steps
+    assert (seen["points"], seen["policy_seed"], seen["policy_split"]) == (4, 0, "train")
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["command"] == "course"

@@ -1,14 +1,19 @@
 """JSON lines I/O with atomic writes.
 
 Records are written compactly (``json.dumps`` default separators, keys in insertion
-order) so that the same records always produce the same bytes.
+order) so that the same records always produce the same bytes. A path ending in ``.gz``
+is read and written gzip-compressed (the header's time set to 0, so the same records
+still give the same bytes).
 """
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import os
 import tempfile
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +29,8 @@ def json_native(obj: Any) -> Any:
 def write_jsonl(path: str | os.PathLike, records: Iterable[dict[str, Any]], *, sort_keys: bool = False) -> int:
     """Write ``records`` one per line to ``path`` atomically; return how many.
 
-    ``sort_keys`` writes every object's keys sorted (the TextWorld-Sync files' style).
+    ``sort_keys`` writes every object's keys sorted (the TextWorld-Sync files' style); a
+    ``path`` ending in ``.gz`` is gzip-compressed (header time 0: the same bytes every run).
 
     The file is written to a temporary sibling and renamed into place, so a reader
     never sees a half-written file and an interrupted write leaves the old one.
@@ -34,11 +40,13 @@ def write_jsonl(path: str | os.PathLike, records: Iterable[dict[str, Any]], *, s
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     count = 0
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            for rec in records:
-                fh.write(json.dumps(rec, sort_keys=sort_keys))
-                fh.write("\n")
-                count += 1
+        with os.fdopen(fd, "wb") as raw:
+            binary = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) if path.suffix == ".gz" else raw
+            with io.TextIOWrapper(binary, encoding="utf-8", newline="\n") as fh:
+                for rec in records:
+                    fh.write(json.dumps(rec, sort_keys=sort_keys))
+                    fh.write("\n")
+                    count += 1
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -64,27 +72,37 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
     """Yield the JSON object on each non-empty line of ``path``.
 
     Raises :class:`~sera_core.utils.errors.UserInputError` naming the file when there is no
-    such file, and the file and line when a line is not UTF-8 text or not a JSON object.
+    such file, and the file and line when a line is not UTF-8 text or not a JSON object, or a
+    ``.gz`` file is not gzip data.
     """
+    for lineno, raw in enumerate(_lines(path), 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise UserInputError(f"{path}:{lineno}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserInputError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+        if not isinstance(obj, dict):
+            raise UserInputError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+        yield obj
+
+
+def _lines(path: str | os.PathLike) -> Iterator[bytes]:
+    """The raw lines of ``path``, decompressed when it ends in ``.gz`` (no such file or damaged
+    gzip data: UserInputError)."""
     try:
-        fh = open(path, "rb")
+        fh = gzip.open(path, "rb") if str(path).endswith(".gz") else open(path, "rb")
     except FileNotFoundError:
         raise UserInputError(f"no such file: {path}") from None
-    with fh:
-        for lineno, raw in enumerate(fh, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise UserInputError(f"{path}:{lineno}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserInputError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-            if not isinstance(obj, dict):
-                raise UserInputError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-            yield obj
+    try:
+        with fh:
+            yield from fh
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise UserInputError(f"{path}: not readable gzip data ({exc or type(exc).__name__})") from None
 
 
 class JsonlCheckpoint:
