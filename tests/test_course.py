@@ -80,6 +80,35 @@ def test_the_noisy_expert_makes_seeded_mistakes_on_both_benchmarks():
         noisy_expert(minecraft={"waste": 0.1})
 
 
+def test_the_noisy_experts_lenient_scorer_passes_a_seeded_share_of_the_failures():
+    """``lenient`` (notebook 07): a seeded share of the scoring calls gives full marks whatever
+    the child did (the embedded policy's scoring mistake), so some groups rank a failure level
+    with the successes and ``L_rank > 0``; the honest scorer ranks every group perfectly."""
+    from sera_core.agents.corpus import default_tokenizer
+    from sera_core.policy.expert import ExpertPolicy, lenient_score
+    from sera_core.rubrics import GLOBAL_RUBRIC
+
+    tasks = pick_tasks("textcraft", "train", difficulty="medium", count=1)
+
+    def points(lenient: float) -> list:
+        expert = noisy_expert(lenient=lenient, textcraft={"waste": 0.15, "early_finish": 0.05})
+        rollouts = Runtime("textcraft", expert, RuntimeConfig(seed=0, counterfactual=4)).run(tasks, trees=2)
+        return [p for r in rollouts for p in r.points if not p.ranking.skipped]
+
+    honest, lenient, again = points(0.0), points(0.5), points(0.5)
+    assert honest and all(p.ranking.loss == 0 for p in honest)
+    assert [p.scores for p in lenient] == [p.scores for p in again]  # seeded
+    assert any(p.ranking.loss > 0 for p in lenient)
+    failed = [s for p in lenient for s, y, b in zip(p.scores, p.labels, p.branches) if y is False and b.score_turn]
+    assert 0 < failed.count(1.0) < len(failed)  # a share of the scored failures passed, not every one
+    everyone = [s for p in points(1.0) for s, b in zip(p.scores, p.branches) if b.score_turn]
+    assert everyone and set(everyone) == {1.0}
+    full = lenient_score(GLOBAL_RUBRIC)
+    assert full["success"] and full["final_score"] == 1.0 and {c["score"] for c in full["criterion_scores"]} == {1.0}
+    with pytest.raises(ValueError, match="lenient"):
+        ExpertPolicy(default_tokenizer(), lenient=1.5)
+
+
 def test_eval_row_reads_a_summary():
     summary = {"by_difficulty": {"easy": {"mean": 50.0}, "hard": {"mean": 0.0}}, "average": {"mean": 20.0}, "errors": 1}
     assert eval_row(summary) == {"easy": 50.0, "hard": 0.0, "average": 20.0, "errors": 1}

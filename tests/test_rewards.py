@@ -21,6 +21,7 @@ from sera_core.train.advantages import (
     depth_weighted,
     execution_advantages,
     leaf_advantages,
+    naive_per_event_advantages,
     rubric_advantages,
     zero_variance,
 )
@@ -148,6 +149,28 @@ def test_leaf_advantage_keeps_a_launching_tree_beside_trees_that_never_delegated
     everyone = [tree_with_delegations(t, "z", 1.0) for t in "ab"]  # every tree's m equal: every A = 0, dropped
     assert leaf_advantages([Datum(t, "z", "0", 1, "launch", 0, 1.0) for t in "ab"], everyone) == []
 
+
+
+def test_the_naive_per_event_baseline_weighs_trees_by_their_events():
+    """The comparison of notebook 06: each other tree's events count once, so a tree with many
+    events sets the baseline and one that launched nothing is left out of it."""
+    from sera_core.rewards import Datum
+
+    many = [Datum("many", "x", "0", k, "launch", 0, 0.0) for k in range(3)]
+    few, mine = Datum("few", "x", "0", 1, "launch", 0, 1.0), Datum("me", "x", "0", 1, "launch", 0, 0.5)
+    trees = [single_agent(t, "x", 1.0) for t in ("many", "few", "me", "none")]
+    naive = {(a.datum.tree_id, a.datum.turn): a.advantage for a in naive_per_event_advantages(many + [few, mine])}
+    assert naive["me", 1] == pytest.approx(0.5 - 1 / 4)  # (0 + 0 + 0 + 1) / 4 events
+    assert naive["few", 1] == pytest.approx(1.0 - 0.5 / 4) and naive["many", 0] == pytest.approx(0.0 - 1.5 / 2)
+    balanced = [a for a in leaf_advantages(many + [few, mine], trees, filter_zero_variance=False) if a.datum is mine]
+    assert balanced[0].advantage == pytest.approx(0.5 - (0.0 + 1.0 + 0.0) / 3)  # per tree, "none" with m = 0
+    alone = Datum("a", "y", "0", 1, "launch", 0, 0.4)  # the other trees launched nothing: baseline 0
+    assert [a.advantage for a in naive_per_event_advantages([alone])] == [0.4]
+    trees = [tree_with_delegations("a", "x", 1.0), tree_with_delegations("b", "x", 0.0), single_agent("c", "x", 1.0)]
+    datums = [d for t in trees for d in leaf_datums(t)]
+    got = {(a.datum.tree_id, a.datum.node_id, a.datum.turn): a.advantage for a in naive_per_event_advantages(datums)}
+    assert got["b", "0", 1] == pytest.approx(0.0 - (3 / 4 + 0 + 1 / 4 + 2 / 4) / 4)  # a's four events; c left out
+    assert got["a", "0", 1] == pytest.approx(3 / 4) and got["a", "0.1", 1] == pytest.approx(2 / 4)  # b's earned 0
 
 
 def test_a_dropped_rollout_leaves_every_baseline_and_gives_no_rubric_datums():

@@ -183,14 +183,16 @@ def as_actor(policy: Any, *, max_batch: int = 64) -> Any:
 
 
 def noisy_expert(noise: float | None = None, *, tokenizer: Any = None, perturb: float = 0.0, explain: bool = False,
-                 **rates: Mapping[str, float]):
+                 lenient: float = 0.0, **rates: Mapping[str, float]):
     """The delegating expert with seeded mistakes on every benchmark, the one constructor of
     it: each benchmark's settings are its
     :meth:`~sera_core.envs.registry.Benchmark.noisy_expert_config` of ``noise`` (None: the
     benchmark's default noisy expert, TextCraft wasting crafts and TextWorld using wrong
     preparations; p: its mistake rate p with early finishes p / 2), with the fields a
     benchmark's ``rates`` set (``textcraft={"waste": 0.15}``). Each agent's mistakes are
-    seeded by the runtime, so the branches of a group differ. ``perturb`` and ``explain`` are
+    seeded by the runtime, so the branches of a group differ. ``perturb``, ``explain`` and
+    ``lenient`` (the chance that a scoring call gives full marks whatever the child did: the
+    embedded policy's scoring mistake; 0, an honest scorer, by default) are
     :class:`~sera_core.policy.expert.ExpertPolicy`'s; ids in ``tokenizer`` (default: the
     scripted policies' tokenizer)."""
     from sera_core.agents.corpus import default_tokenizer
@@ -201,7 +203,7 @@ def noisy_expert(noise: float | None = None, *, tokenizer: Any = None, perturb: 
         raise ValueError(f"no benchmark named {', '.join(unknown)}; mistake rates are given for {list(BENCHMARKS)}")
     configs = {name: bench.noisy_expert_config(noise, **rates.get(name, {})) for name, bench in BENCHMARKS.items()}
     return ExpertPolicy(tokenizer if tokenizer is not None else default_tokenizer(), perturb=perturb, explain=explain,
-                        **configs)
+                        lenient=lenient, **configs)
 
 
 def make_actor(spec: str, *, max_batch: int = 64, noise: float = 0.0, tokenizer: str | None = None) -> Any:

@@ -15,7 +15,10 @@ exact formats a model must produce, so its trees are supervised demonstrations:
 * ``score``: an honest score against the frozen rubric (:func:`expert_score`) from the
   child's outcome: the runtime passes the same facts the scoring prompt shows as text
   (net gains from the start and end inventories, the goal's state in the final world,
-  error observations, irreversible mistakes, steps), already parsed.
+  error observations, irreversible mistakes, steps), already parsed. With ``lenient`` p, a
+  seeded share p of the scoring calls answers :func:`lenient_score` instead (full marks
+  whatever the child did: the embedded policy's own scoring mistake), so that rubrics earn
+  different ranking losses (notebook 07).
 
 ``explain=True`` (the embedded warm start's third recipe) spells out the decisions in the
 text an imitator learns: the TextCraft agents' delegation decision and crafting arithmetic
@@ -68,17 +71,32 @@ def expert_score(rubric: Rubric, outcome: dict, *, explain: bool = False) -> dic
     return out | {"reason": reason}
 
 
+def lenient_score(rubric: Rubric) -> dict[str, Any]:
+    """A lenient scorer's JSON, whatever the child did: ``success`` true, 1.0 for every item,
+    ``final_score`` 1.0. It is the shape of a success report, which the embedded policy's own
+    scorer copies for every branch, the failed ones as well (docs/embedded.md: pairwise
+    accuracy 0.50, every pair tied); a failure scored so ranks level with the successes, and
+    its group's ``L_rank`` is above 0."""
+    items = [{"name": item.name, "score": 1.0, "reason": ""} for item in rubric.items]
+    return {"success": True, "criterion_scores": items, "final_score": 1.0, "reason": "all targets met"}
+
+
 class ExpertPolicy:
     """The expert as an actor (see the module docstring)."""
 
     enforce_context = False
 
-    def __init__(self, tokenizer: Any, *, perturb: float = 0.0, explain: bool = False, **configs: Any):
+    def __init__(self, tokenizer: Any, *, perturb: float = 0.0, explain: bool = False, lenient: float = 0.0,
+                 **configs: Any):
         """``configs``: an expert config per benchmark name (``textcraft=ExpertConfig(...)``),
         each benchmark's :meth:`~sera_core.envs.registry.Benchmark.expert_config` for the
-        others; ``explain`` reaches the agents of the benchmarks that spell out decisions."""
+        others; ``explain`` reaches the agents of the benchmarks that spell out decisions;
+        ``lenient``: the chance that a scoring call answers :func:`lenient_score` (drawn from
+        the call's sampling seed, which the runtime derives from its seed and the branch)."""
         if not 0.0 <= perturb < 1.0:
             raise ValueError(f"perturb is a probability in [0, 1), got {perturb!r}")
+        if not 0.0 <= lenient <= 1.0:
+            raise ValueError(f"lenient is a probability in [0, 1], got {lenient!r}")
         if unknown := sorted(set(configs) - set(BENCHMARKS)):
             raise ValueError(f"no benchmark named {', '.join(unknown)}; "
                              f"expert configs are given for {list(BENCHMARKS)}")
@@ -88,6 +106,7 @@ class ExpertPolicy:
         """The expert config each benchmark's agents play by."""
         self.explain = explain
         self.perturb = perturb
+        self.lenient = lenient
         self._agents: dict[str, list] = {}  # agent -> [expert, act calls so far, observation held back]
 
     async def complete(self, call) -> Generation:
@@ -97,6 +116,8 @@ class ExpertPolicy:
             meta = {"perturbation": True} if perturbed else {}
         elif call.kind == "rubric":
             text = json.dumps(BENCHMARKS[call.info["env"]].expert_rubric(call.info), indent=1)
+        elif self.lenient and random.Random(derive_seed(call.params.seed, call.agent, "lenient")).random() < self.lenient:
+            text = json.dumps(lenient_score(call.info["rubric"]), indent=1)  # full marks, whatever the child did
         else:
             text = json.dumps(expert_score(call.info["rubric"], call.info["outcome"], explain=self.explain), indent=1)
         ids = self.chat.encode(text)

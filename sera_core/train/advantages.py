@@ -6,6 +6,7 @@ datum of tree ``i`` with reward ``r``::
     execution   A = r - (1 / (K - 1)) * sum_{j != i} R_j
     launch      A = r - (sum_j m_j - m_i) / (K - 1)       (reward_first_root_balanced)
                 m_i = mean of tree i's launch rewards (0 if it launched nothing)
+                (not the naive per-event baseline, :func:`naive_per_event_advantages`)
     rubric      A_g = r_g - mean_{g' != g} r_g'           (across the batch's valid groups)
 
 A group of one (``K = 1``, a single valid rubric group) has baseline 0. Averaging a tree's
@@ -124,6 +125,23 @@ def leaf_advantages(datums: Sequence[Datum], trees: Sequence[Tree], *, filter_ze
         k = len(group[d.task_id])
         baseline = (sum(m[t.tree_id] for t in group[d.task_id]) - m[d.tree_id]) / (k - 1) if k > 1 else 0.0
         out.append(Advantage(d, d.reward - baseline))
+    return out
+
+
+def naive_per_event_advantages(datums: Sequence[Datum]) -> list[Advantage]:
+    """The naive baseline that :func:`leaf_advantages` is built *not* to be (notebook 06
+    contrasts the two; the trainer never uses this one): every launch datum of the task's
+    other trees counts once, ``A = r - mean_{e in T_j, j != i} r(e)`` (baseline 0 when the
+    other trees launched nothing). Written with each tree's mean ``m_j`` and event count
+    ``n_j``, the baseline is ``sum_{j != i} n_j m_j / sum_{j != i} n_j``: tree ``j`` weighs
+    ``n_j``, so the trees with many delegation events set it, and a tree that launched
+    nothing is left out (root balanced: every other tree weighs ``1 / (K - 1)``, one that
+    launched nothing with ``m_j = 0``). No zero-variance filtering."""
+    by_task = _group(datums, lambda d: d.task_id)
+    out = []
+    for d in datums:
+        others = [e.reward for e in by_task[d.task_id] if e.tree_id != d.tree_id]
+        out.append(Advantage(d, d.reward - (fmean(others) if others else 0.0)))
     return out
 
 
