@@ -37,7 +37,7 @@ from sera_core.utils.jsonio import write_jsonl
 
 def config(out: Path, tasks: Path):
     return load_config(CONFIGS / "textcraft" / "sera_tiny.yaml", model=str(ASSETS), backend="hf", tasks=str(tasks),
-                       tasks_per_step=5, trees_per_task=2, schedule="execution:1,delegation:1,rubric_generation:1",
+                       tasks_per_update=5, trees_per_task=2, schedule="execution:1,delegation:1,rubric_generation:1",
                        counterfactual=4, fork_cap=8, max_new_tokens=256, max_steps_per_agent=6,
                        micro_batch_tokens=2048, total_updates=5, checkpoint_every=5, filter_zero_variance=False,
                        mixed_precision="no", out=str(out / "run"))  # float32: 3 processes = 1

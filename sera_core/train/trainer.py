@@ -5,7 +5,7 @@ One optimizer update at version ``v`` (the number of updates already done):
 1. **Stage**: ``stage = StageController(cfg.schedule).stage(v)`` (16:2:2 by default); it
    fixes the objective (the token role trained) and whether rollouts branch
    counterfactually (rubric generation only).
-2. **Tasks**: ``tasks_per_step`` root tasks drawn with ``random.Random(derive_seed(seed,
+2. **Tasks**: ``tasks_per_update`` root tasks drawn with ``random.Random(derive_seed(seed,
    "tasks", v))`` from the task list (the data cursor is the version itself).
 3. **Rollouts**: ``trees_per_task`` trees per task through the recursive runtime
    (:class:`~sera_core.agents.runtime.Runtime`) at ``temperature``, seeded by
@@ -77,7 +77,7 @@ from sera_core.train.advantages import (
     rubric_advantages,
 )
 from sera_core.train.cispo import CISPOConfig
-from sera_core.train.config import TrainConfig
+from sera_core.train.config import RENAMED, TrainConfig
 from sera_core.train.stages import Stage, StageController
 from sera_core.train.update import loss_and_backward, token_rows
 from sera_core.utils.errors import UserInputError
@@ -215,7 +215,7 @@ class Trainer:
     def batch_tasks(self, version: int) -> list[dict]:
         """The update's root tasks (the same draw on every process)."""
         rng = random.Random(derive_seed(self.cfg.seed, "tasks", version))
-        return rng.sample(self.tasks, min(self.cfg.tasks_per_step, len(self.tasks)))
+        return rng.sample(self.tasks, min(self.cfg.tasks_per_update, len(self.tasks)))
 
     @property
     def part(self) -> tuple[int, int]:
@@ -479,7 +479,8 @@ class Trainer:
         from sera_core.utils.weights import load_optimizer_state, load_trained
 
         state = read_checkpoint(path)
-        mine, theirs = self.cfg.to_json(), state["config"]
+        # a checkpoint written before a key was renamed (:data:`RENAMED`) stores it by its former name
+        mine, theirs = self.cfg.to_json(), {RENAMED.get(k, (k,))[0]: v for k, v in state["config"].items()}
         changed = sorted(k for k in mine if k not in OPERATIONAL and mine[k] != theirs.get(k))
         if changed:
             raise CheckpointError(f"{path}: written with another config (differs in {', '.join(changed)})")
@@ -520,7 +521,7 @@ def append_row(path: Path, columns: tuple[str, ...], row: dict) -> dict:
 def plan(cfg: TrainConfig) -> dict[str, Any]:
     """What ``sera train --dry-run`` prints: the run's plan, without loading a model."""
     stages = StageController(cfg.schedule)
-    trees = cfg.tasks_per_step * cfg.trees_per_task
+    trees = cfg.tasks_per_update * cfg.trees_per_task
     bench = benchmark(cfg.env)
     context = cfg.max_context_tokens or bench.max_context_tokens
     out_cap = cfg.max_new_tokens or bench.max_new_tokens
@@ -532,13 +533,13 @@ def plan(cfg: TrainConfig) -> dict[str, Any]:
                       "size": len(cfg.task_pool())},
         "schedule": stages.schedule, "cycle_length": stages.cycle_length,
         "updates": cfg.total_updates, "updates_per_stage": stages.counts(cfg.total_updates),
-        "batch": {"root_tasks": cfg.tasks_per_step, "trees_per_task": cfg.trees_per_task, "trees": trees,
+        "batch": {"root_tasks": cfg.tasks_per_update, "trees_per_task": cfg.trees_per_task, "trees": trees,
                   "counterfactual_branches": cfg.counterfactual if stages.counts(stages.cycle_length)["rubric_generation"] else 0},
         "child_reward": cfg.child_reward, "loss": cfg.loss, "lr": cfg.lr, "betas": list(cfg.betas),
         "weight_decay": cfg.weight_decay, "grad_clip": cfg.grad_clip,
         "clip": [cfg.clip_low, cfg.clip_high] if cfg.loss == "cispo" else [1 - cfg.grpo_eps, 1 + cfg.grpo_eps],
         "context_tokens": context, "max_new_tokens": out_cap,
-        "tokens_per_step_max": trees * context,
+        "tokens_per_update_max": trees * context,
         "devices": {"gpus": cfg.gpus, "accelerate_config": accel, "mixed_precision": cfg.precision()},
         "memory": _memory(params, cfg),
         "out": cfg.out,
