@@ -209,7 +209,7 @@ def test_judge_calls_count_only_what_the_method_asks_for(tmp_path, method):
                       out=str(tmp_path / "run"))
     trainer = Trainer(cfg, progress=False)
     trainer.policy = ExpertPolicy(trainer.tokenizer)
-    row = trainer.step()
+    row = trainer.run_update()
     assert row["delegations"] > 0
     if method == "rao":  # every child is labelled (a delegation may run more than one child agent)
         assert row["judge_calls"] >= row["delegations"]

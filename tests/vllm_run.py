@@ -61,8 +61,8 @@ def main(out: Path) -> None:
     result = {"rank": rank, "processes": trainer.part[1], "start": agreement(trainer)}
     stage = trainer.stages.stage(0)
     rollouts = trainer.play(stage, 0, noisy_expert(tokenizer=trainer.tokenizer))
-    adv, *_ = trainer.update(stage, rollouts)
-    trainer.version += 1
+    adv, *_ = trainer.train_on(stage, rollouts)
+    trainer.updates_done += 1
     result["expert_update"] = agreement(trainer) | {"datums": len(adv)}
     rows = trainer.run()
     result["own_update"] = agreement(trainer) | {"tokens_trained": rows[-1]["tokens_trained"],

@@ -1,6 +1,7 @@
 """The SERA trainer: rollouts -> rewards -> advantages -> one CISPO update, on Accelerate.
 
-One optimizer update at version ``v`` (the number of updates already done):
+One update (a training iteration, :meth:`Trainer.run_update`) at version ``v`` (the number of
+updates already done, ``Trainer.updates_done``: the policy's version):
 
 1. **Stage**: ``stage = StageController(cfg.schedule).stage(v)`` (16:2:2 by default); it
    fixes the objective (the token role trained) and whether rollouts branch
@@ -150,7 +151,9 @@ class Trainer:
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.policy = self._policy(path)
         self.tasks = cfg.task_pool()
-        self.version = 0
+        self.updates_done = 0
+        """Updates applied so far: the policy's version (stored as ``version`` in ``state.json``
+        and as the ``version`` column of ``metrics.csv``: the version each row's update started from)."""
         self.counters = {"tokens_trained": 0, "judge_calls": 0, "judge_tokens": 0, "external_calls": 0,
                          "external_tokens": 0}
         self.external = self._external()
@@ -263,9 +266,10 @@ class Trainer:
             adv = depth_weighted(adv)
         return adv, filtered
 
-    def step(self) -> dict[str, Any]:
-        """One update at ``self.version``; returns its metrics row."""
-        cfg, v = self.cfg, self.version
+    def run_update(self) -> dict[str, Any]:
+        """One update (a whole training iteration: play, rewards, advantages, :meth:`train_on`)
+        at version ``self.updates_done``; returns its metrics row."""
+        cfg, v = self.cfg, self.updates_done
         stage = self.stages.stage(v)
         t0 = time.perf_counter()
         torch.manual_seed(derive_seed(cfg.seed, "torch", v))
@@ -276,13 +280,13 @@ class Trainer:
         rollouts = self.play(stage, v, timed)
         self._count_supervision(spent)
         t_rollout = time.perf_counter() - t0
-        adv, filtered, stats, grad_norm = self.update(stage, rollouts)
+        adv, filtered, stats, grad_norm = self.train_on(stage, rollouts)
         t_update = time.perf_counter() - t0 - t_rollout
-        self.version += 1
+        self.updates_done += 1
         return self._metrics(v, stage, rollouts, adv, filtered, stats, grad_norm, timed.seconds,
                              t_rollout, t_update, time.perf_counter() - t0)
 
-    def update(self, stage: Stage, rollouts: list[Rollout]) -> tuple[list[Advantage], int, dict[str, float], float]:
+    def train_on(self, stage: Stage, rollouts: list[Rollout]) -> tuple[list[Advantage], int, dict[str, float], float]:
         """One optimizer step on the stage's objective over ``rollouts`` (every tree of the
         update, on every process); the rollout policy then follows the new weights. Returns
         the advantages, the datums zero-variance filtering dropped, the loss statistics of
@@ -386,14 +390,14 @@ class Trainer:
         self._trim_metrics()
         self._start_trackers()
         rows: list[dict] = []
-        bar = tqdm(total=target, initial=self.version, desc=f"train {self.cfg.method}", disable=not self.progress)
-        while self.version < target:
-            row = self.step()
+        bar = tqdm(total=target, initial=self.updates_done, desc=f"train {self.cfg.method}", disable=not self.progress)
+        while self.updates_done < target:
+            row = self.run_update()
             rows.append(row)
             self._append_metrics(row)
             bar.update(1)
             bar.set_postfix(stage=row["stage"][:5], success=row["root_success"], loss=f"{row['loss']:.4f}")
-            if self.version % self.cfg.checkpoint_every == 0 or self.version == target:
+            if self.updates_done % self.cfg.checkpoint_every == 0 or self.updates_done == target:
                 self.save()
             if stop_after is not None and len(rows) >= stop_after:
                 break
@@ -428,7 +432,7 @@ class Trainer:
 
     def _trim_metrics(self) -> None:
         """Keep only the rows of versions already done (a resumed run rewrites later ones)."""
-        keep_rows(self.out / "metrics.csv", METRICS, before=self.version)
+        keep_rows(self.out / "metrics.csv", METRICS, before=self.updates_done)
 
     # -- checkpoints -------------------------------------------------------------------
     def save(self) -> Path:
@@ -456,7 +460,7 @@ class Trainer:
                 save_file(weights, str(tmp / "model.safetensors"))
                 torch.save(moments, tmp / "optimizer.pt")
                 files = {name: sha256_file(tmp / name) for name in ("model.safetensors", "optimizer.pt")}
-                state = {"version": self.version, "config": self.cfg.to_json(), "counters": self.counters, "files": files}
+                state = {"version": self.updates_done, "config": self.cfg.to_json(), "counters": self.counters, "files": files}
                 (tmp / "state.json").write_text(json.dumps(state, indent=1))
                 swap_in(tmp, final)
             except (OSError, RuntimeError, SafetensorError) as exc:  # torch and safetensors report I/O failures as
@@ -466,7 +470,7 @@ class Trainer:
                 kept = (f"the previous one (update {read_checkpoint(final)['version']}) is intact" if final.exists()
                         else f"the previous one is in {old}" if old.exists() else "there is no earlier one")
                 failure = [(getattr(exc, "errno", None) or errno.EIO,
-                            f"{final}: could not write the checkpoint of update {self.version} "
+                            f"{final}: could not write the checkpoint of update {self.updates_done} "
                             f"({getattr(exc, 'strerror', None) or exc}); {kept}")]
         if self.accelerator.num_processes > 1:
             failure = broadcast_object_list(failure, from_process=0)  # every process learns of it
@@ -487,7 +491,7 @@ class Trainer:
         model = self.accelerator.unwrap_model(self.model)
         load_trained(model, path / "model.safetensors")
         load_optimizer_state(model, self.optimizer, path / "optimizer.pt")
-        self.version, self.counters = state["version"], self.counters | state["counters"]
+        self.updates_done, self.counters = state["version"], self.counters | state["counters"]
         self._sync_policy()  # the next rollouts sample from the loaded weights, not the initial ones
 
 
