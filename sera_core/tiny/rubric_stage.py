@@ -201,14 +201,14 @@ def stage_rows(points: Sequence[DelegationPoint], *, train_scorer: bool, score_c
     return rows, count
 
 
-def stage_points(env: str, split: str, tasks: int, path: Path, *, last: bool) -> list[DelegationPoint]:
+def stage_points(benchmark: str, split: str, tasks: int, path: Path, *, last: bool) -> list[DelegationPoint]:
     """The noisy expert's mixed groups on the first (``last``: the last) ``tasks`` medium
     tasks of ``split``, built once into ``path`` (seconds; the same bytes every time)."""
     if not path.exists():
-        records = pick_tasks(env, split, difficulty="medium")
+        records = pick_tasks(benchmark, split, difficulty="medium")
         chosen = records[-tasks:] if last else records[:tasks]
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_jsonl(path, [p.to_json() for p in heldout_points(env, chosen)])
+        write_jsonl(path, [p.to_json() for p in heldout_points(benchmark, chosen)])
     return read_points(path)
 
 

@@ -54,12 +54,12 @@ def train_command(cfg: TrainConfig, config_file: str | os.PathLike, *, num_proce
     return [*cmd, "-m", "sera_core", *tail]
 
 
-def tasks_command(env: str, out: str | os.PathLike) -> list[str]:
-    """``sera tasks``: the evaluation split of ``env`` (TextCraft val, TextWorld test)."""
+def tasks_command(benchmark: str, out: str | os.PathLike) -> list[str]:
+    """``sera tasks``: the evaluation split of ``benchmark`` (TextCraft val, TextWorld test)."""
     from sera_core.envs.registry import BENCHMARKS
 
-    split = BENCHMARKS[env].eval_split
-    return [sys.executable, "-m", "sera_core", "tasks", "--env", env, "--split", split, "--out", str(out)]
+    split = BENCHMARKS[benchmark].eval_split
+    return [sys.executable, "-m", "sera_core", "tasks", "--env", benchmark, "--split", split, "--out", str(out)]
 
 
 def export_command(run: str | os.PathLike, out: str | os.PathLike) -> list[str]:
