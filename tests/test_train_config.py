@@ -189,7 +189,7 @@ def test_rollout_settings_are_the_configs_own():
     cfg = load_config(CONFIGS / "textworld" / "sera_tiny.yaml", max_depth=2, max_steps_per_agent=7, fork_cap=4,
                       malformed_policy="binary_fallback", seed=11, temperature=0.7)
     rc = cfg.rollout_settings()
-    assert (rc.max_depth, rc.max_steps, rc.max_new_tokens, rc.counterfactual, rc.fork_cap, rc.seed, rc.temperature) == (
+    assert (rc.max_depth, rc.max_steps_per_agent, rc.max_new_tokens, rc.counterfactual, rc.fork_cap, rc.seed, rc.temperature) == (
         2, 7, 256, 8, 4, 11, 0.7)
     assert rc.malformed_policy == "binary_fallback" and rc.rubric_writer == "policy" and rc.scorer == "policy"
     greedy = cfg.rollout_settings(branches=False, seed=3, temperature=0.0, rubric_temperature=0.0)

@@ -86,7 +86,7 @@ class TrainConfig:
     max_depth: int = 3
     """Deepest agent (0: single agent, no delegation)."""
     max_steps_per_agent: int = 20
-    """Turns per agent."""
+    """Turns per agent (the runtime's ``max_steps_per_agent``)."""
     counterfactual: int = 8
     """B: branches per delegation point in rubric-generation rollouts (0: none)."""
     fork_cap: int = 16
@@ -235,7 +235,7 @@ class TrainConfig:
         """
         from sera_core.agents.runtime import RuntimeConfig
 
-        values = dict(max_depth=self.max_depth, max_steps=self.max_steps_per_agent, temperature=self.temperature,
+        values = dict(max_depth=self.max_depth, max_steps_per_agent=self.max_steps_per_agent, temperature=self.temperature,
                       max_new_tokens=self.max_new_tokens, max_context_tokens=self.max_context_tokens,
                       counterfactual=self.counterfactual if branches else 0, fork_cap=self.fork_cap,
                       rubric_writer=self.rubric_writer, scorer=self.scorer, malformed_policy=self.malformed_policy,
