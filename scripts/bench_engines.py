@@ -97,7 +97,7 @@ def measure(backend: str, new: int, n_tasks: int, precision: str) -> dict:
         trainer = Trainer(cfg, progress=False)
         row["update_start_s"] = round(time.perf_counter() - t0, 1)
         trainer.policy.step_log = []
-        metrics = trainer.step()
+        metrics = trainer.run_update()
         row["update_s"] = metrics["seconds"]
         row["update_generation_s"] = metrics["seconds_generation"]
         row["update_training_s"] = metrics["seconds_update"]

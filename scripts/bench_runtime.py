@@ -55,7 +55,7 @@ def main() -> None:
     init_model(tokenizer, TinyModelConfig(), seed=0).save_pretrained(path)
     tokenizer.save_pretrained(path)
     tasks = splits["textcraft"][:8]
-    cfg = RuntimeConfig(max_steps=3, max_new_tokens=64)
+    cfg = RuntimeConfig(max_steps_per_agent=3, max_new_tokens=64)
     print("\n| hf tiny (random weights) | trees | batch sizes | completion tokens/s |")
     print("|---|---|---|---|")
     for label, max_batch in (("batched", 64), ("one at a time", 1)):

@@ -71,7 +71,7 @@ def write_configs(out: Path, model: Path) -> tuple[Path, Path]:
     accel_file = out / "fsdp_1gpu.yaml"
     accel_file.write_text(yaml.safe_dump(accel))
     train = {"extends": str(CONFIGS / "textcraft" / "sera_tiny.yaml"), "model": str(model.resolve()),
-             "backend": "vllm", "mixed_precision": "bf16", "difficulties": ["easy"], "tasks_per_step": 2,
+             "backend": "vllm", "mixed_precision": "bf16", "difficulties": ["easy"], "tasks_per_update": 2,
              "trees_per_task": 2, "max_new_tokens": 64, "max_steps_per_agent": 4, "total_updates": 2,
              "checkpoint_every": 2, "filter_zero_variance": False, "out": str((out / "run").resolve())}
     train_file = out / "train.yaml"

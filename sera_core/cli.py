@@ -294,7 +294,7 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
     trainer = Trainer(cfg)
     rows = trainer.run(resume=args.resume)
     last = rows[-1] if rows else {}
-    return {"action": "train", "method": cfg.method, "out": cfg.out, "version": trainer.version,
+    return {"action": "train", "method": cfg.method, "out": cfg.out, "version": trainer.updates_done,
             "updates": len(rows), "root_success": last.get("root_success"), "stage": last.get("stage"),
             "tokens_trained": trainer.counters["tokens_trained"]}  # since the run began (resumes included)
 

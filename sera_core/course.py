@@ -207,7 +207,11 @@ class Fixture:
         (``expert``, ``rescore`` or ``policy``)."""
         from sera_core.agents.runtime import RuntimeConfig
 
-        return RuntimeConfig(**self.manifest[part]["settings"])
+        settings = self.manifest[part]["settings"]
+        if "max_steps" in settings:
+            raise ValueError(f"{self.path}/manifest.json: the {part} settings' key 'max_steps' was renamed "
+                             f"'max_steps_per_agent'; remake the fixture with `{self.manifest['command']}`")
+        return RuntimeConfig(**settings)
 
 
 FIXTURE_FILES = {"expert_tasks": "expert_tasks.jsonl.gz", "expert_trees": "expert_trees.jsonl.gz",
@@ -260,7 +264,7 @@ def record_fixture(out: str | os.PathLike, config: str = FIXTURE_CONFIG, *, over
 
     t0 = time.perf_counter()
     policy_records = pick_tasks(cfg.env, policy_split, difficulty="easy", count=policy_tasks)
-    steps = {"max_steps": policy_max_steps} if policy_max_steps else {}
+    steps = {"max_steps_per_agent": policy_max_steps} if policy_max_steps else {}
     policy_settings = cfg.rollout_settings(branches=False, seed=policy_seed, **steps)
     own = Runtime(cfg.env, actor, policy_settings).run(policy_records, trees=k, progress=progress)
     rewards = {t: [r.tree.root_reward for r in own if r.tree.task_id == t]

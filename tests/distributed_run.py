@@ -5,7 +5,7 @@ run alone (``python tests/distributed_run.py OUT``) for the one-process referenc
 from-scratch fixture model as the trained model:
 
 1. three updates (execution, delegation, rubric generation) through ``Trainer.play`` and
-   ``Trainer.update`` on trees played by the noisy expert (mixed rewards, so every stage's
+   ``Trainer.train_on`` on trees played by the noisy expert (mixed rewards, so every stage's
    execution advantages are non-zero; zero-variance filtering is off so that every stage's
    tokens go through the split update): 5 tasks x 2 trees, a count 3 does not divide;
 2. two more updates through ``Trainer.run`` with the model's own rollouts, which writes
@@ -37,7 +37,7 @@ from sera_core.utils.jsonio import write_jsonl
 
 def config(out: Path, tasks: Path):
     return load_config(CONFIGS / "textcraft" / "sera_tiny.yaml", model=str(ASSETS), backend="hf", tasks=str(tasks),
-                       tasks_per_step=5, trees_per_task=2, schedule="execution:1,delegation:1,rubric_generation:1",
+                       tasks_per_update=5, trees_per_task=2, schedule="execution:1,delegation:1,rubric_generation:1",
                        counterfactual=4, fork_cap=8, max_new_tokens=256, max_steps_per_agent=6,
                        micro_batch_tokens=2048, total_updates=5, checkpoint_every=5, filter_zero_variance=False,
                        mixed_precision="no", out=str(out / "run"))  # float32: 3 processes = 1
@@ -70,8 +70,8 @@ def main(out: Path, mode: str = "train") -> None:
     for v in range(3):
         stage = trainer.stages.stage(v)
         rollouts = trainer.play(stage, v, expert)
-        adv, filtered, stats, grad_norm = trainer.update(stage, rollouts)
-        trainer.version += 1
+        adv, filtered, stats, grad_norm = trainer.train_on(stage, rollouts)
+        trainer.updates_done += 1
         updates.append({"stage": stage.name, "trees": [r.tree.tree_id for r in rollouts], "datums": len(adv),
                         "filtered": filtered, "grad_norm": grad_norm, **stats})
     rows = trainer.run()

@@ -70,8 +70,8 @@ def test_weighted_vs_macro_on_synthetic_results():
     assert benchmark_average("textcraft", rates) == pytest.approx((100 * 147 + 100 / 3 * 136) / 283)
 
 
-def test_benchmark_average_rejects_unknown_env_and_difficulty():
-    with pytest.raises(ValueError, match="env"):
+def test_benchmark_average_rejects_unknown_benchmark_and_difficulty():
+    with pytest.raises(ValueError, match="benchmark must be one of"):
         benchmark_average("alfworld", {"easy": 1.0})
     with pytest.raises(ValueError, match="unknown difficulties"):
         benchmark_average("textcraft", {"trivial": 1.0})
@@ -143,7 +143,7 @@ def test_summarize_runs_textcraft_without_families_uses_pool_weights():
 def test_summarize_runs_requires_the_same_tasks_in_every_seed():
     with pytest.raises(ValueError, match="same tasks"):
         summarize_runs({0: rows({"easy": (2, 1)}), 1: rows({"easy": (3, 1)})}, "textcraft")
-    with pytest.raises(ValueError, match="env"):
+    with pytest.raises(ValueError, match="benchmark must be one of"):
         summarize_runs({0: rows({"easy": (2, 1)})}, "webshop")
 
 

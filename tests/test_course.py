@@ -149,6 +149,7 @@ def test_the_clis_expert_noise_is_its_mistake_rate_with_half_as_many_early_finis
 def test_a_recorded_fixture_loads_as_typed_rollouts_and_a_damaged_file_fails_naming_it(tmp_path):
     """A small fixture recorded with the noisy expert in the policy's place (seconds): what
     notebooks 04-07 read comes back typed and checked, and a changed byte is refused."""
+    import dataclasses
     import gzip
     import json
     import shlex
@@ -183,6 +184,11 @@ def test_a_recorded_fixture_loads_as_typed_rollouts_and_a_damaged_file_fails_nam
     assert [r.points for r in fixture.rollouts("expert") if r.tree.tree_id == point.tree_id] == [[point]]
     assert fixture.settings("expert").counterfactual == 8 and fixture.settings("policy").counterfactual == 0
     assert fixture.settings("rescore").rubric_temperature == 0.0
+    assert fixture.settings("policy").max_steps_per_agent == 8
+    renamed = json.loads(json.dumps(manifest))  # as recorded before the agent budget's rename
+    renamed["policy"]["settings"]["max_steps"] = renamed["policy"]["settings"].pop("max_steps_per_agent")
+    with pytest.raises(ValueError, match="'max_steps' was renamed 'max_steps_per_agent'.*sera course record"):
+        dataclasses.replace(fixture, manifest=renamed).settings("policy")
     assert [t["id"] for t in fixture.policy_tasks] == list(rewards)
     args = build_parser().parse_args(shlex.split(manifest["command"])[1:])  # the command remakes this fixture
     assert (args.command, args.action, args.out, args.config, dict(_setting(s) for s in args.set)) == \

@@ -194,7 +194,7 @@ def test_sera_train_on_an_adapter_trains_and_checkpoints_only_the_adapter(adapte
 
     tasks = tmp_path / "easy.jsonl"
     write_jsonl(tasks, [t for t in generate_split("train") if t["misc"]["difficulty"] == "easy"][:2])
-    cfg = load_config(CONFIGS / "textcraft" / "sera_tiny.yaml", model=str(adapter), backend="hf", tasks=str(tasks), tasks_per_step=1,
+    cfg = load_config(CONFIGS / "textcraft" / "sera_tiny.yaml", model=str(adapter), backend="hf", tasks=str(tasks), tasks_per_update=1,
                       trees_per_task=2, total_updates=2, checkpoint_every=1, schedule="execution:1", max_new_tokens=24,
                       max_steps_per_agent=2, filter_zero_variance=False, lr=1e-2, out=str(tmp_path / "run"))
     trainer = Trainer(cfg, progress=False)
@@ -231,7 +231,7 @@ def test_sera_train_reports_the_tokens_it_trained(adapter, tmp_path, capsys):
     write_jsonl(tasks, [t for t in generate_split("train") if t["misc"]["difficulty"] == "easy"][:1])
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(f"extends: {CONFIGS / 'textcraft' / 'sera_tiny.yaml'}\nmodel: {adapter}\nbackend: hf\ntasks: {tasks}\n"
-                   "tasks_per_step: 1\ntrees_per_task: 2\nschedule: 'execution:1'\nmax_new_tokens: 16\n"
+                   "tasks_per_update: 1\ntrees_per_task: 2\nschedule: 'execution:1'\nmax_new_tokens: 16\n"
                    "max_steps_per_agent: 1\nfilter_zero_variance: false\n")
     assert main(["train", "--config", str(cfg), "--total-updates", "2", "--out", str(tmp_path / "run")]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

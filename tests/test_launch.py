@@ -67,7 +67,7 @@ def test_update_budget_counts_the_rubric_stage_branches_and_the_token_ceilings()
     rubric, execution = rows["rubric_generation"], rows["execution"]
     assert (rubric["groups"], rubric["forked_runs"], rubric["branch_labels"], rubric["detached_scores"]) == (128, 896, 1024, 896)
     assert execution["groups"] == execution["forked_runs"] == rows["delegation"]["branch_labels"] == 0
-    assert execution["episode_tokens"] == 10240 and execution["trained_tokens_max"] == plan(cfg)["tokens_per_step_max"]
+    assert execution["episode_tokens"] == 10240 and execution["trained_tokens_max"] == plan(cfg)["tokens_per_update_max"]
     assert rubric["generated_tokens_max"] == (64 + 896) * 10240 and rubric["trained_tokens_max"] == 128 * 1024
     assert rows["delegation"]["trained_tokens_max"] is None
     measured = {r["stage"]: r for r in update_budget(cfg, agents_per_tree=12.5)}

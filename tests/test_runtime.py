@@ -221,7 +221,7 @@ def tiny_model(tmp_path_factory, tokenizer):
 def test_model_rollouts_token_bookkeeping(tiny_model, val_tasks, tmp_path):
     from sera_core.policy.hf import HFPolicy
 
-    cfg = RuntimeConfig(max_steps=3, max_new_tokens=12, seed=5)
+    cfg = RuntimeConfig(max_steps_per_agent=3, max_new_tokens=12, seed=5)
 
     def run():
         actor = PolicyActor(HFPolicy(tiny_model))
@@ -398,7 +398,7 @@ def test_valid_score_and_forced_zero(tokenizer):
 
     def never_finishes(prompt):
         return "<action>inventory</action>" if role_of(prompt) == "child" else delegating_script(GOOD_RUBRIC, good)(prompt)
-    out = one_rollout(tokenizer, never_finishes, max_steps=3)
+    out = one_rollout(tokenizer, never_finishes, max_steps_per_agent=3)
     child = out.tree.nodes["0.1"]
     assert not child.finished and child.result["end"] == "steps"
     assert child.score["forced"] and child.score["final_score"] == 0.0 and child.score["gate"] == 0
@@ -423,7 +423,7 @@ def test_depth_cap_and_told_so(tokenizer, val_tasks):
         if role_of(prompt) == "rubric":
             return GOOD_RUBRIC
         return f"<thought>delegate</thought><python>print(await launch_subagent({{{target!r}: 1}}))</python>"
-    out = Runtime("textcraft", PolicyActor(ScriptedPolicy(tokenizer, script)), RuntimeConfig(max_steps=1)).run([task])[0]
+    out = Runtime("textcraft", PolicyActor(ScriptedPolicy(tokenizer, script)), RuntimeConfig(max_steps_per_agent=1)).run([task])[0]
     depths = sorted(n.depth for n in out.tree.nodes.values())
     assert depths == [0, 1, 2, 3]
     deepest = next(n for n in out.tree.nodes.values() if n.depth == 3)
@@ -480,7 +480,7 @@ def test_summary_and_files(tokenizer, tmp_path):
 
 
 def test_config_validation():
-    for bad in ({"counterfactual": 1}, {"max_steps": 0}, {"malformed_policy": "ignore"}, {"temperature": -1}):
+    for bad in ({"counterfactual": 1}, {"max_steps_per_agent": 0}, {"malformed_policy": "ignore"}, {"temperature": -1}):
         with pytest.raises(ValueError):
             replace(RuntimeConfig(), **bad)
 

@@ -79,7 +79,7 @@ def write(tmp_path, text: str):
     ("lrr: 1\n", "lrr"),
     ("lr: -1\n", "lr"),
     ("env: minecraft\n", "env"),
-    ("tasks_per_step: 0\n", "tasks_per_step"),
+    ("tasks_per_update: 0\n", "tasks_per_update"),
     ("betas: [0.9, 1.5]\n", "betas"),
     ("schedule: 'execution:16,planning:2'\n", "schedule"),
     ("counterfactual: 0\n", "counterfactual"),  # SERA's rubric stage needs branches
@@ -133,6 +133,22 @@ def test_a_renamed_key_fails_naming_its_new_name(tmp_path):
         cfg.replace(max_steps=2)
 
 
+def test_tasks_per_step_fails_naming_tasks_per_update(tmp_path):
+    """``tasks_per_step`` became ``tasks_per_update`` (a training iteration is an update): in a
+    file, as an override and in ``replace`` the error names the new key."""
+    from sera_core.train.config import CONFIGS
+
+    path = write(tmp_path, f"extends: {CONFIGS / 'textcraft' / 'sera_tiny.yaml'}\ntasks_per_step: 3\n")
+    with pytest.raises(ConfigError, match="'tasks_per_step' was renamed 'tasks_per_update'"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="'tasks_per_step' was renamed 'tasks_per_update'"):
+        load_config(CONFIGS / "textcraft" / "sera_tiny.yaml", tasks_per_step=3)
+    cfg = load_config(CONFIGS / "textcraft" / "sera_tiny.yaml", tasks_per_update=3)
+    assert cfg.tasks_per_update == 3
+    with pytest.raises(ConfigError, match="renamed 'tasks_per_update'"):
+        cfg.replace(tasks_per_step=2)
+
+
 def test_extends_overrides_and_cycles(tmp_path):
     base = tmp_path / "base.yaml"
     base.write_text("lr: 0.5\nseed: 3\n")
@@ -148,9 +164,9 @@ def test_extends_overrides_and_cycles(tmp_path):
 
 
 def test_cli_reports_bad_configs_before_work(tmp_path, capsys):
-    path = write(tmp_path, "tasks_per_step: two\n")
+    path = write(tmp_path, "tasks_per_update: two\n")
     assert main(["train", "--config", str(path), "--dry-run"]) == 2
-    assert "tasks_per_step" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
+    assert "tasks_per_update" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
 
 
 def test_shipped_config_names_resolve_and_unknown_names_fail_clearly(tmp_path, monkeypatch):
@@ -173,7 +189,7 @@ def test_rollout_settings_are_the_configs_own():
     cfg = load_config(CONFIGS / "textworld" / "sera_tiny.yaml", max_depth=2, max_steps_per_agent=7, fork_cap=4,
                       malformed_policy="binary_fallback", seed=11, temperature=0.7)
     rc = cfg.rollout_settings()
-    assert (rc.max_depth, rc.max_steps, rc.max_new_tokens, rc.counterfactual, rc.fork_cap, rc.seed, rc.temperature) == (
+    assert (rc.max_depth, rc.max_steps_per_agent, rc.max_new_tokens, rc.counterfactual, rc.fork_cap, rc.seed, rc.temperature) == (
         2, 7, 256, 8, 4, 11, 0.7)
     assert rc.malformed_policy == "binary_fallback" and rc.rubric_writer == "policy" and rc.scorer == "policy"
     greedy = cfg.rollout_settings(branches=False, seed=3, temperature=0.0, rubric_temperature=0.0)

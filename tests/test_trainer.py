@@ -38,7 +38,7 @@ def golden_config(tmp_path: Path, **overrides):
     if not tasks.exists():
         write_jsonl(tasks, [t for t in generate_split("train") if t["misc"]["difficulty"] == "easy"][:6])
     # float32 (not the tiny configs' auto): the golden reference holds on every CPU
-    values = dict(model=str(FIXTURE), backend="hf", mixed_precision="no", tasks=str(tasks), tasks_per_step=1, trees_per_task=2, total_updates=4, checkpoint_every=1,
+    values = dict(model=str(FIXTURE), backend="hf", mixed_precision="no", tasks=str(tasks), tasks_per_update=1, trees_per_task=2, total_updates=4, checkpoint_every=1,
                   schedule="execution:2,delegation:1,rubric_generation:1", counterfactual=4, fork_cap=8,
                   max_new_tokens=96, max_steps_per_agent=4, filter_zero_variance=False, out=str(tmp_path / "run"))
     values.update(overrides)
@@ -86,6 +86,10 @@ def test_interrupted_run_resumes_to_the_same_metrics_and_weights(reference, tmp_
     cfg = golden_config(tmp_path)
     assert [r["version"] for r in Trainer(cfg, progress=False).run(stop_after=2)] == [0, 1]
     done = rows(Path(cfg.out))
+    state_file = Path(cfg.out) / "checkpoint" / "state.json"  # as a checkpoint written before the key's rename
+    state = json.loads(state_file.read_text())
+    state["config"]["tasks_per_step"] = state["config"].pop("tasks_per_update")
+    state_file.write_text(json.dumps(state))
     assert [r["version"] for r in Trainer(cfg, progress=False).run(resume=True)] == [2, 3]
     assert [r["version"] for r in rows(Path(cfg.out))] == ["0", "1", "2", "3"]  # none missing, none twice
     assert rows(Path(cfg.out))[:2] == done  # the first two rows, timings included, are the first call's
@@ -201,11 +205,11 @@ def test_judge_calls_count_only_what_the_method_asks_for(tmp_path, method):
     tasks = tmp_path / "medium.jsonl"
     write_jsonl(tasks, [t for t in generate_split("train") if t["misc"]["difficulty"] == "medium"][:2])
     cfg = load_config(CONFIGS / "textcraft" / f"{method}_tiny.yaml", model=str(FIXTURE), backend="hf", tasks=str(tasks),
-                      tasks_per_step=2, trees_per_task=1, schedule="execution:1", total_updates=1,
+                      tasks_per_update=2, trees_per_task=1, schedule="execution:1", total_updates=1,
                       out=str(tmp_path / "run"))
     trainer = Trainer(cfg, progress=False)
     trainer.policy = ExpertPolicy(trainer.tokenizer)
-    row = trainer.step()
+    row = trainer.run_update()
     assert row["delegations"] > 0
     if method == "rao":  # every child is labelled (a delegation may run more than one child agent)
         assert row["judge_calls"] >= row["delegations"]

@@ -20,7 +20,7 @@ def write_train_config(folder: Path, out: Path, *, tasks: int = 4, **settings) -
     task_file.write_text("".join(json.dumps(t) + "\n" for t in [t for t in generate_split("train")
                                                                  if t["misc"]["difficulty"] == "easy"][:tasks]))
     values = {"extends": str(CONFIGS / "textcraft" / "sera_tiny.yaml"), "model": str(ASSETS), "backend": "hf", "mixed_precision": "no", "tasks": str(task_file),
-              "tasks_per_step": 1, "trees_per_task": 2, **settings, "out": str(out)}
+              "tasks_per_update": 1, "trees_per_task": 2, **settings, "out": str(out)}
     cfg = folder / f"{out.name}.yaml"
     cfg.write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in values.items()))  # JSON scalars are YAML
     return cfg

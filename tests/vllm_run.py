@@ -51,7 +51,7 @@ def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     tasks = out / f"tasks.{rank}.jsonl"
     write_jsonl(tasks, [t for t in generate_split("train") if t["misc"]["difficulty"] == "easy"][:4])
-    cfg = load_config("textcraft/sera_tiny.yaml", backend="vllm", tasks=str(tasks), difficulties=None, tasks_per_step=2,
+    cfg = load_config("textcraft/sera_tiny.yaml", backend="vllm", tasks=str(tasks), difficulties=None, tasks_per_update=2,
                       trees_per_task=2, schedule="execution:1", counterfactual=0, max_new_tokens=48,
                       max_steps_per_agent=3, micro_batch_tokens=2048, total_updates=2, checkpoint_every=1, lr=1e-2,
                       filter_zero_variance=False, engine_kv_cache_gib=0.5, engine_max_model_len=4096,
@@ -61,8 +61,8 @@ def main(out: Path) -> None:
     result = {"rank": rank, "processes": trainer.part[1], "start": agreement(trainer)}
     stage = trainer.stages.stage(0)
     rollouts = trainer.play(stage, 0, noisy_expert(tokenizer=trainer.tokenizer))
-    adv, *_ = trainer.update(stage, rollouts)
-    trainer.version += 1
+    adv, *_ = trainer.train_on(stage, rollouts)
+    trainer.updates_done += 1
     result["expert_update"] = agreement(trainer) | {"datums": len(adv)}
     rows = trainer.run()
     result["own_update"] = agreement(trainer) | {"tokens_trained": rows[-1]["tokens_trained"],

@@ -31,28 +31,28 @@ SCORE_SYSTEM = ("You grade a sub-agent's work strictly against a frozen rubric, 
                 "final environment state. Reply with one JSON object only.")
 
 
-def tools_text(env: str, can_delegate: bool) -> str:
+def tools_text(benchmark: str, can_delegate: bool) -> str:
     """The tools (TextCraft) or blocks (TextWorld) an agent has: the benchmark's
     ``agent_tools``, and its ``delegate_tool`` when the agent may delegate."""
-    bench = BENCHMARKS[env]
+    bench = BENCHMARKS[benchmark]
     return bench.agent_tools + ("\n" + bench.delegate_tool if can_delegate else "")
 
 
-def system_prompt(env: str, *, depth: int, max_depth: int, max_steps: int) -> str:
+def system_prompt(benchmark: str, *, depth: int, max_depth: int, max_steps: int) -> str:
     """The system message of an agent at ``depth`` with ``max_steps`` steps."""
     can = depth < max_depth
     who = "the root agent" if depth == 0 else f"a sub-agent at depth {depth}"
     rule = (f"You may delegate sub-goals to child agents (depth {depth + 1} of at most {max_depth})."
             if can else f"You are at the maximum depth ({max_depth}): you cannot delegate; do the work yourself.")
-    body = BENCHMARKS[env].agent_intro + tools_text(env, can)
+    body = BENCHMARKS[benchmark].agent_intro + tools_text(benchmark, can)
     return f"You are {who}. {rule} You have {max_steps} steps.\n{body}"
 
 
-def agent_messages(env: str, goal: str, first_observation: str | None, *, depth: int, max_depth: int,
+def agent_messages(benchmark: str, goal: str, first_observation: str | None, *, depth: int, max_depth: int,
                    max_steps: int) -> list[dict[str, str]]:
     """The first prompt of an agent: system message, then its goal (and first observation)."""
     user = goal if first_observation is None else first_observation
-    return [{"role": "system", "content": system_prompt(env, depth=depth, max_depth=max_depth, max_steps=max_steps)},
+    return [{"role": "system", "content": system_prompt(benchmark, depth=depth, max_depth=max_depth, max_steps=max_steps)},
             {"role": "user", "content": user}]
 
 

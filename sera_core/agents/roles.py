@@ -88,17 +88,17 @@ def overlap_mask(token_spans: Sequence[tuple[int, int]], spans: Sequence[tuple[i
     return [e > s and any(s < te and ts < e for ts, te in targets) for s, e in eff]
 
 
-def launch_spans(text: str, env: str) -> list[tuple[int, int]]:
+def launch_spans(text: str, benchmark: str) -> list[tuple[int, int]]:
     """Character spans ``[start, end)`` of ``text`` that write a delegation, sorted and
-    disjoint: the rule of benchmark ``env`` (TextCraft: the smallest statements of the
+    disjoint: the rule of the benchmark ``benchmark`` (TextCraft: the smallest statements of the
     first ``<python>`` block that refer to ``launch_subagent``,
     :mod:`sera_core.envs.textcraft.launch`; TextWorld: every complete ``<delegate>`` block)."""
-    if env not in BENCHMARKS:
-        raise ValueError(f"env {env!r} is not one of {tuple(BENCHMARKS)}")
-    return BENCHMARKS[env].launch_spans(text)
+    if benchmark not in BENCHMARKS:
+        raise ValueError(f"benchmark {benchmark!r} is not one of {tuple(BENCHMARKS)}")
+    return BENCHMARKS[benchmark].launch_spans(text)
 
 
-def roles_for(ids: Sequence[int], decode: Decode, text: str | None, env: str, kind: str) -> list[str]:
+def roles_for(ids: Sequence[int], decode: Decode, text: str | None, benchmark: str, kind: str) -> list[str]:
     """The role of each completion token.
 
     ``rubric`` and ``score`` turns: every token has that role. ``act`` turns: tokens
@@ -108,8 +108,8 @@ def roles_for(ids: Sequence[int], decode: Decode, text: str | None, env: str, ki
     """
     if kind not in KINDS:
         raise ValueError(f"kind {kind!r} is not one of {KINDS}")
-    if env not in BENCHMARKS:
-        raise ValueError(f"env {env!r} is not one of {tuple(BENCHMARKS)}")
+    if benchmark not in BENCHMARKS:
+        raise ValueError(f"benchmark {benchmark!r} is not one of {tuple(BENCHMARKS)}")
     n = len(ids)
     if kind != "act":
         return [kind] * n
@@ -118,7 +118,7 @@ def roles_for(ids: Sequence[int], decode: Decode, text: str | None, env: str, ki
         text = decoded
     elif text != decoded:
         raise ValueError("roles_for: text is not decode(ids); pass the decoded completion (or None)")
-    spans = launch_spans(text, env)
+    spans = launch_spans(text, benchmark)
     if not spans:
         return ["execution"] * n
     _, tok_spans = _char_spans(ids, decode)
@@ -127,9 +127,9 @@ def roles_for(ids: Sequence[int], decode: Decode, text: str | None, env: str, ki
 
 def build_turn(
     kind: str, prompt_ids: Sequence[int], completion_ids: Sequence[int], logprobs: Sequence[float],
-    decode: Decode, env: str, observation: str | None = None, meta: dict | None = None,
+    decode: Decode, benchmark: str, observation: str | None = None, meta: dict | None = None,
 ) -> Turn:
     """A :class:`Turn` with ``text = decode(completion_ids)`` and roles from :func:`roles_for`."""
     text = decode(list(completion_ids))
-    roles = roles_for(completion_ids, decode, text, env, kind)
+    roles = roles_for(completion_ids, decode, text, benchmark, kind)
     return Turn(kind, list(prompt_ids), list(completion_ids), list(logprobs), roles, text, observation, dict(meta or {}))

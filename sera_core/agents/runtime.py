@@ -3,7 +3,7 @@ grades.
 
 :class:`Runtime` plays root tasks as trees of agents (SPEC 1, 2, 3, 8):
 
-* **Agents.** The root gets the task; every agent has ``max_steps`` steps (20; SPEC 5)
+* **Agents.** The root gets the task; every agent has ``max_steps_per_agent`` steps (20; SPEC 5)
   and a fresh context: a system prompt (its tools, depth, whether it may delegate; at
   the depth cap it is told it cannot) and its goal. Each turn the actor completes the
   context; the completion's exact ids, logprobs and roles become a :class:`Turn`; the
@@ -75,7 +75,8 @@ from sera_core.agents.prompts import (
 )
 from sera_core.agents.roles import build_turn
 from sera_core.agents.tree import Node, Tree, graft, subtree
-from sera_core.envs.registry import benchmark, record_value
+from sera_core.envs import registry
+from sera_core.envs.registry import record_value
 from sera_core.policy.base import SamplingParams
 from sera_core.rubrics import (
     GLOBAL_RUBRIC,
@@ -101,10 +102,14 @@ class RuntimeConfig:
 
     max_depth: int = 3
     """Depth cap: agents at this depth cannot delegate (and are told so)."""
-    max_steps: int = 20
-    """Steps (turns) of every agent."""
+    max_steps_per_agent: int = 20
+    """Steps (turns) of every agent: the agent's turn budget, one name in every config
+    (``TrainConfig`` and ``EvalConfig`` too). An environment holds the budget of the agent it
+    serves as ``env.state.max_steps`` (the same meaning, set from this); TextWorld's shared
+    world budget (``shared_environment_max_steps``) is another thing: it counts every action
+    of every agent on the world."""
     root_max_steps: int | None = None
-    """The root's steps when different from ``max_steps``."""
+    """The root's steps when different from ``max_steps_per_agent``."""
     temperature: float = 1.0
     """Sampling temperature of agent turns (training 1.0; evaluation 0)."""
     rubric_temperature: float = 1.0
@@ -152,8 +157,8 @@ class RuntimeConfig:
     """Base of every derived seed."""
 
     def __post_init__(self) -> None:
-        if self.max_depth < 0 or self.max_steps < 1 or (self.root_max_steps is not None and self.root_max_steps < 1):
-            raise UserInputError("max_depth >= 0 and max_steps, root_max_steps >= 1 are required")
+        if self.max_depth < 0 or self.max_steps_per_agent < 1 or (self.root_max_steps is not None and self.root_max_steps < 1):
+            raise UserInputError("max_depth >= 0 and max_steps_per_agent, root_max_steps >= 1 are required")
         if self.counterfactual < 0 or self.counterfactual == 1 or self.fork_cap < 0:
             raise UserInputError("counterfactual is 0 (off) or a group size >= 2; fork_cap >= 0")
         if self.select < 1 or self.select_fork_cap < 0:
@@ -269,10 +274,12 @@ def looping(texts: Sequence[str], repeats: int, max_period: int = 5) -> bool:
 class Runtime:
     """Plays root tasks of one benchmark with one actor (see the module docstring)."""
 
-    def __init__(self, env: str, actor: Actor, cfg: RuntimeConfig | None = None, *, judge: Any = None,
+    def __init__(self, benchmark: str, actor: Actor, cfg: RuntimeConfig | None = None, *, judge: Any = None,
                  external: Actor | None = None, official: bool = False):
+        """``benchmark`` names the benchmark (``textcraft``, ``textworld``); :attr:`benchmark` is
+        then its :class:`~sera_core.envs.registry.Benchmark`, which makes the environments (``env``)."""
         self.cfg = cfg or RuntimeConfig()
-        self.benchmark = benchmark(env, official=official)
+        self.benchmark = registry.benchmark(benchmark, official=official)
         if actor.chat is None:
             raise ValueError("the policy actor needs a token space (chat); text-level actors only serve as `external`")
         self.actor = actor
@@ -289,8 +296,8 @@ class Runtime:
         """Play one root task to the end; errors are recorded in ``tree.meta["error"]`` (a failure)."""
         a, cfg = self.benchmark, self.cfg
         t0 = time.perf_counter()
-        env = a.root_env(record, max_steps=cfg.root_max_steps or cfg.max_steps, max_depth=cfg.max_depth,
-                         child_max_steps=cfg.max_steps)
+        env = a.root_env(record, max_steps=cfg.root_max_steps or cfg.max_steps_per_agent, max_depth=cfg.max_depth,
+                         child_max_steps=cfg.max_steps_per_agent)
         a.install_hook(env, self._delegate)
         task_id = a.task_id(record)
         tree = Tree.new(tree_id or task_id, a.name, task_id, a.goal(env), seed=cfg.seed)

@@ -258,17 +258,17 @@ def record_value(record: dict, key: str) -> Any:
     return record.get(key, (record.get("misc") or {}).get(key))
 
 
-def select_tasks(env: str, records: Sequence[dict], *, difficulty: str | Sequence[str] | None = None,
+def select_tasks(benchmark: str, records: Sequence[dict], *, difficulty: str | Sequence[str] | None = None,
                  family: str | None = None, per_level: int | None = None, spread: bool = False,
                  count: int | None = None, source: str = "the task records") -> list[dict]:
-    """The one task selection: of ``env``'s ``records``, in file order, those of ``difficulty``
+    """The one task selection: of ``benchmark``'s ``records``, in file order, those of ``difficulty``
     (one level or several; default every level) and ``family`` (TextWorld), the first
     ``per_level`` of each level (levels in the order given; ``spread``: ``per_level`` spread
     evenly over the level instead), then the first ``count`` of all.
 
     A difficulty or family that matches no record of a non-empty ``records`` is a
     :class:`~sera_core.utils.errors.UserInputError` naming ``source``, not an empty selection."""
-    levels = (difficulty,) if isinstance(difficulty, str) else tuple(difficulty or BENCHMARKS[env].difficulties)
+    levels = (difficulty,) if isinstance(difficulty, str) else tuple(difficulty or BENCHMARKS[benchmark].difficulties)
     if family is not None:
         records = [r for r in records if record_value(r, "task_family") == family]
     by_level = {level: [r for r in records if record_value(r, "difficulty") == level] for level in levels}

@@ -61,18 +61,18 @@ def macro_average(rates: Mapping[str, float]) -> float:
     return sum(rates.values()) / len(rates)
 
 
-def benchmark_average(env: str, rates: Mapping[str, float], counts: Mapping[str, int] | None = None) -> float:
-    """The paper's average for ``env``: :func:`weighted_average` with ``counts`` (default
+def benchmark_average(benchmark: str, rates: Mapping[str, float], counts: Mapping[str, int] | None = None) -> float:
+    """The paper's average for ``benchmark``: :func:`weighted_average` with ``counts`` (default
     the benchmark's ``eval_counts``, TextCraft's 632-task pool) for a ``pool_weighted``
     benchmark (TextCraft), else :func:`macro_average` (TextWorld: equal counts make the two
     the same)."""
     unknown = sorted(set(rates) - set(DIFFICULTIES))
     if unknown:
         raise ValueError(f"unknown difficulties {unknown}; expected some of {DIFFICULTIES}")
-    if env not in BENCHMARKS:
-        raise ValueError(f"env must be one of {tuple(BENCHMARKS)}, got {env!r}")
-    if BENCHMARKS[env].pool_weighted:
-        return weighted_average(rates, BENCHMARKS[env].eval_counts if counts is None else counts)
+    if benchmark not in BENCHMARKS:
+        raise ValueError(f"benchmark must be one of {tuple(BENCHMARKS)}, got {benchmark!r}")
+    if BENCHMARKS[benchmark].pool_weighted:
+        return weighted_average(rates, BENCHMARKS[benchmark].eval_counts if counts is None else counts)
     return macro_average(rates)
 
 
@@ -116,14 +116,14 @@ def over_seeds(values: Iterable[float]) -> dict[str, float | int]:
     return {"mean": mean, "std": std, "n": n}
 
 
-def summarize_runs(per_seed_rows: Mapping[int, list[dict[str, Any]]], env: str, *,
+def summarize_runs(per_seed_rows: Mapping[int, list[dict[str, Any]]], benchmark: str, *,
                    label: str | None = None, method: str | None = None) -> dict[str, Any]:
     """The ``summary.json`` of an evaluation (format :data:`SUMMARY_FORMAT`).
 
     ``per_seed_rows`` maps each seed to its per-task rows; every seed must cover the same
     tasks. Returns::
 
-        format, env, label, method     what was evaluated (label: model and scale, free text)
+        format, benchmark, label, method     what was evaluated (label: model and scale, free text)
         seeds                          the seeds, ascending
         per_seed   {seed: {average, by_difficulty, by_family, tasks, successes, errors}}
         average        {mean, std, n}  the benchmark average over seeds (n: seeds)
@@ -135,8 +135,8 @@ def summarize_runs(per_seed_rows: Mapping[int, list[dict[str, Any]]], env: str, 
 
     Rates are percentages; averages follow :func:`benchmark_average`.
     """
-    if env not in BENCHMARKS:
-        raise ValueError(f"env must be one of {tuple(BENCHMARKS)}, got {env!r}")
+    if benchmark not in BENCHMARKS:
+        raise ValueError(f"benchmark must be one of {tuple(BENCHMARKS)}, got {benchmark!r}")
     if not per_seed_rows:
         raise ValueError("no seeds to summarise")
     seeds = sorted(per_seed_rows)
@@ -153,7 +153,7 @@ def summarize_runs(per_seed_rows: Mapping[int, list[dict[str, Any]]], env: str, 
         by_difficulty = success_rates(rows, "difficulty")
         with_family = [row for row in rows if row.get("family") is not None]
         per_seed[str(seed)] = {
-            "average": benchmark_average(env, by_difficulty),
+            "average": benchmark_average(benchmark, by_difficulty),
             "by_difficulty": by_difficulty,
             "by_family": success_rates(with_family, "family") if with_family else {},
             "tasks": _counts(rows),
@@ -163,7 +163,7 @@ def summarize_runs(per_seed_rows: Mapping[int, list[dict[str, Any]]], env: str, 
     runs = list(per_seed.values())
     return {
         "format": SUMMARY_FORMAT,
-        "env": env,
+        "env": benchmark,
         "label": label,
         "method": method,
         "seeds": seeds,

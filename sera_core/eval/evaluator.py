@@ -64,8 +64,9 @@ class EvalConfig:
     """Most forked worlds per task for selection."""
     scorer: str = "policy"
     """Who scores selection candidates: ``policy`` or ``external`` (a judge model)."""
-    max_steps: int = 20
-    """Steps of every agent."""
+    max_steps_per_agent: int = 20
+    """Steps of every agent (the runtime's ``max_steps_per_agent``; ``max_steps`` in ``plan.json``
+    and in the summary's ``contract``, as written before the rename)."""
     max_depth: int = 3
     """Depth cap."""
     max_new_tokens: int | None = None
@@ -99,7 +100,7 @@ class EvalConfig:
 
     def runtime(self, seed: int) -> RuntimeConfig:
         """The runtime settings of one run (the contract, plus selection)."""
-        return RuntimeConfig(temperature=0.0, rubric_temperature=0.0, score_temperature=0.0, max_steps=self.max_steps,
+        return RuntimeConfig(temperature=0.0, rubric_temperature=0.0, score_temperature=0.0, max_steps_per_agent=self.max_steps_per_agent,
                              max_depth=self.max_depth, max_new_tokens=self.max_new_tokens, select=self.select,
                              select_temperature=self.select_temperature,
                              select_fork_cap=self.select_fork_cap, scorer=self.scorer, seed=seed)
@@ -123,7 +124,8 @@ def task_row(rollout: Rollout, index: int, seed: int) -> dict[str, Any]:
 
 
 def _plan(cfg: EvalConfig, ids: list[str], shards: int) -> dict[str, Any]:
-    config = {k: v for k, v in asdict(cfg).items() if k not in ("concurrency", "label", "policy")}
+    config = {("max_steps" if k == "max_steps_per_agent" else k): v  # plan.json keeps its key
+              for k, v in asdict(cfg).items() if k not in ("concurrency", "label", "policy")}
     return {"format": PLAN_FORMAT, "env": cfg.env, "tasks": ids, "seeds": list(range(cfg.seeds)), "shards": shards,
             "config": config, "label": cfg.label, "policy": cfg.policy}
 

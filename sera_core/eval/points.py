@@ -39,12 +39,12 @@ from sera_core.agents.runtime import Runtime, RuntimeConfig
 from sera_core.rubrics import ranking_loss
 
 
-def heldout_points(env: str, records: Sequence[dict], *, counterfactual: int = 8, seed: int = 0,
+def heldout_points(benchmark: str, records: Sequence[dict], *, counterfactual: int = 8, seed: int = 0,
                    tokenizer: Any = None) -> list[DelegationPoint]:
     """The mixed counterfactual groups of the noisy expert's rollouts of ``records`` (B =
     ``counterfactual`` branches, runtime seed ``seed``), in rollout order."""
     cfg = RuntimeConfig(counterfactual=counterfactual, fork_cap=max(16, counterfactual), seed=seed)
-    rollouts = Runtime(env, noisy_expert(tokenizer=tokenizer), cfg).run(list(records))
+    rollouts = Runtime(benchmark, noisy_expert(tokenizer=tokenizer), cfg).run(list(records))
     return [p for r in rollouts for p in r.points if not p.ranking.skipped]
 
 

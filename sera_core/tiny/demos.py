@@ -169,18 +169,18 @@ def copy_drills(tokenizer: Any, cfg: DemoConfig) -> list[Sample]:
     return out
 
 
-def play(env: str, tasks: list[dict], tokenizer: Any, cfg: DemoConfig, *, progress: bool = False) -> list[Rollout]:
+def play(benchmark: str, tasks: list[dict], tokenizer: Any, cfg: DemoConfig, *, progress: bool = False) -> list[Rollout]:
     """The expert's rollouts of ``tasks`` (every ``noisy_every``-th one noisy, with groups)."""
-    clean = Runtime(env, ExpertPolicy(tokenizer, perturb=cfg.perturb, explain=cfg.explain), RuntimeConfig(seed=cfg.seed))
-    noisy = Runtime(env, noisy_expert(tokenizer=tokenizer, perturb=cfg.perturb, explain=cfg.explain),
+    clean = Runtime(benchmark, ExpertPolicy(tokenizer, perturb=cfg.perturb, explain=cfg.explain), RuntimeConfig(seed=cfg.seed))
+    noisy = Runtime(benchmark, noisy_expert(tokenizer=tokenizer, perturb=cfg.perturb, explain=cfg.explain),
                     RuntimeConfig(seed=cfg.seed, counterfactual=4, fork_cap=8))
 
     async def main() -> list[Rollout]:
         out = []
-        for start in tqdm(range(0, len(tasks), 32), desc=f"demos {env}", disable=not progress):
+        for start in tqdm(range(0, len(tasks), 32), desc=f"demos {benchmark}", disable=not progress):
             chunk = tasks[start:start + 32]
             out += await asyncio.gather(*(
-                (noisy if (start + i) % cfg.noisy_every == cfg.noisy_every - 1 else clean).rollout(t, f"{env}/{start + i}")
+                (noisy if (start + i) % cfg.noisy_every == cfg.noisy_every - 1 else clean).rollout(t, f"{benchmark}/{start + i}")
                 for i, t in enumerate(chunk)))
         return out
 
@@ -191,19 +191,19 @@ def demonstrations(tokenizer: Any, cfg: DemoConfig, *, progress: bool = False) -
     """All samples, and counts per benchmark and role (turn kind)."""
     samples: list[Sample] = []
     stats: dict[str, Any] = {}
-    for env, bench in BENCHMARKS.items():
+    for benchmark, bench in BENCHMARKS.items():
         tasks = bench.demo_tasks(cfg)
-        rollouts = play(env, tasks, tokenizer, cfg, progress=progress)
+        rollouts = play(benchmark, tasks, tokenizer, cfg, progress=progress)
         kinds = {"act": 0, "rubric": 0, "score": 0}
         for r in rollouts:
             for node in r.tree.nodes.values():
                 for t in node.turns:
                     kinds[t.kind] += 1
-        env_samples = [s for r in rollouts for s in rollout_samples(r, cfg.oversample)]
-        stats[env] = {"tasks": len(tasks), "samples": len(env_samples), "turns": kinds,
+        benchmark_samples = [s for r in rollouts for s in rollout_samples(r, cfg.oversample)]
+        stats[benchmark] = {"tasks": len(tasks), "samples": len(benchmark_samples), "turns": kinds,
                       "root_success": sum(r.tree.root_reward or 0 for r in rollouts) / max(1, len(rollouts)),
-                      "completion_tokens": sum(len(s.completion_ids) + sum(b - a for a, b in s.learn) for s in env_samples)}
-        samples += env_samples
+                      "completion_tokens": sum(len(s.completion_ids) + sum(b - a for a, b in s.learn) for s in benchmark_samples)}
+        samples += benchmark_samples
     drills = copy_drills(tokenizer, cfg)
     stats["copy_drills"] = {"samples": len(drills), "completion_tokens": sum(len(d.completion_ids) for d in drills)}
     return samples + drills, stats
@@ -213,8 +213,8 @@ def corpus_texts(tokenizer: Any, cfg: DemoConfig) -> list[str]:
     """The text of a set of demonstrations, for training a tokenizer: each agent's first
     prompt, every completion and observation, every rubric and scoring prompt."""
     texts = []
-    for env, bench in BENCHMARKS.items():
-        for r in play(env, bench.demo_tasks(cfg), tokenizer, cfg):
+    for benchmark, bench in BENCHMARKS.items():
+        for r in play(benchmark, bench.demo_tasks(cfg), tokenizer, cfg):
             for node in r.tree.nodes.values():
                 for i, t in enumerate(node.turns):
                     if i == 0 or t.kind != "act":

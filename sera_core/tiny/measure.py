@@ -60,27 +60,27 @@ POINTS_CHUNK = 4
 """Held-out points rescored at once (about 33 calls, one batch): the unit a rerun resumes from."""
 
 
-def well_formed(text: str, env: str) -> bool:
+def well_formed(text: str, benchmark: str) -> bool:
     """Whether one act reply is in the benchmark's format (:meth:`~sera_core.envs.registry.Benchmark.well_formed`)."""
-    return BENCHMARKS[env].well_formed(text)
+    return BENCHMARKS[benchmark].well_formed(text)
 
 
-def points_tasks(env: str, count: int) -> list[dict]:
+def points_tasks(benchmark: str, count: int) -> list[dict]:
     """The last ``count`` tasks of the benchmark's hardest measured level (``measured_levels``) in its
     evaluation split: where ``measure(points=...)`` (and ``scripts/tiny_experiment.py``) build
     the held-out delegation points."""
-    return pick_tasks(env, difficulty=BENCHMARKS[env].measured_levels[-1])[-count:] if count else []
+    return pick_tasks(benchmark, difficulty=BENCHMARKS[benchmark].measured_levels[-1])[-count:] if count else []
 
 
-def measured_tasks(env: str, per_level: int) -> list[dict]:
+def measured_tasks(benchmark: str, per_level: int) -> list[dict]:
     """The held-out tasks ``sera tiny measure`` plays: ``per_level`` tasks of each of the
     benchmark's ``measured_levels`` from its evaluation split (the first ones, or with
     ``measured_spread`` spread evenly over the level: TextWorld's test file is ordered by family)."""
-    bench = BENCHMARKS[env]
-    return pick_tasks(env, difficulty=bench.measured_levels, per_level=per_level, spread=bench.measured_spread)
+    bench = BENCHMARKS[benchmark]
+    return pick_tasks(benchmark, difficulty=bench.measured_levels, per_level=per_level, spread=bench.measured_spread)
 
 
-def _figures(rollouts: list, env: str) -> dict[str, Any]:
+def _figures(rollouts: list, benchmark: str) -> dict[str, Any]:
     """The figures of one benchmark; rubric, score and delegation counts come from :func:`summarize`."""
     summary = summarize(rollouts)
     acts = [t for r in rollouts for n in r.tree.nodes.values() for t in n.turns if t.kind == "act"]
@@ -93,7 +93,7 @@ def _figures(rollouts: list, env: str) -> dict[str, Any]:
         delegated[str(r.tree.meta.get("difficulty"))].append(len(r.tree.nodes) > 1)
     return {
         "tasks": len(rollouts),
-        "well_formed": round(fmean([well_formed(t.text, env) for t in acts]), 4) if acts else None,
+        "well_formed": round(fmean([well_formed(t.text, benchmark) for t in acts]), 4) if acts else None,
         "delegations": summary["delegations"],
         "rubric_validity": summary["rubrics"]["validity"],
         "score_validity": round(scores["scored"] / calls, 4) if calls else None,
@@ -117,41 +117,41 @@ def measure(model: str | os.PathLike, tasks: dict[str, list[dict]], *, groups: i
             save.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(save, json.dumps(out, indent=1).encode())
 
-    for env, env_tasks in tasks.items():
-        if env in out and (not groups or "mixed_groups" in out[env]) and (not points or "points" in out[env]):
+    for benchmark, benchmark_tasks in tasks.items():
+        if benchmark in out and (not groups or "mixed_groups" in out[benchmark]) and (not points or "points" in out[benchmark]):
             continue
         policy = policy or HFPolicy(model)  # a model or adapter folder (the embedded policy is an adapter)
-        if env not in out:
+        if benchmark not in out:
             rollouts, seconds = [], {}
             greedy = RuntimeConfig(temperature=0.0, rubric_temperature=0.0, seed=seed)
-            for level in dict.fromkeys(_difficulty(t) for t in env_tasks):
-                part = [t for t in env_tasks if _difficulty(t) == level]
-                kept = save.with_name(f"{save.name}.{env}.{level}.jsonl") if save is not None else None
-                played, wall = play_kept(Runtime(env, PolicyActor(policy, max_batch=max_batch), greedy), part,
+            for level in dict.fromkeys(_difficulty(t) for t in benchmark_tasks):
+                part = [t for t in benchmark_tasks if _difficulty(t) == level]
+                kept = save.with_name(f"{save.name}.{benchmark}.{level}.jsonl") if save is not None else None
+                played, wall = play_kept(Runtime(benchmark, PolicyActor(policy, max_batch=max_batch), greedy), part,
                                          progress=progress, kept=kept)
                 rollouts += played
                 seconds[level] = round(wall / len(part), 1)
-            out[env] = _figures(rollouts, env) | {"seconds_per_task": seconds}
+            out[benchmark] = _figures(rollouts, benchmark) | {"seconds_per_task": seconds}
             keep()
-        if groups and "mixed_groups" not in out[env]:
-            kept = save.with_name(f"{save.name}.{env}.groups.jsonl") if save is not None else None
-            counted = summarize(play_groups(PolicyActor(policy, max_batch=max_batch), env, group_tasks(env_tasks, groups),
+        if groups and "mixed_groups" not in out[benchmark]:
+            kept = save.with_name(f"{save.name}.{benchmark}.groups.jsonl") if save is not None else None
+            counted = summarize(play_groups(PolicyActor(policy, max_batch=max_batch), benchmark, group_tasks(benchmark_tasks, groups),
                                             seed=seed, progress=progress, kept=kept))
             total, valid = counted["groups"]["total"], counted["groups"]["valid"]
-            out[env]["groups"] = total
-            out[env]["mixed_groups"] = round(valid / total, 4) if total else None
-            out[env]["pairwise_accuracy"] = counted["mean_pairwise_accuracy"]
+            out[benchmark]["groups"] = total
+            out[benchmark]["mixed_groups"] = round(valid / total, 4) if total else None
+            out[benchmark]["pairwise_accuracy"] = counted["mean_pairwise_accuracy"]
             keep()
-        if points and "points" not in out[env]:
-            kept = save.with_name(f"{save.name}.{env}.points.jsonl") if save is not None else None
-            rescored, seconds = rescore_points(policy, env, points, seed=seed, max_batch=max_batch, progress=progress,
+        if points and "points" not in out[benchmark]:
+            kept = save.with_name(f"{save.name}.{benchmark}.points.jsonl") if save is not None else None
+            rescored, seconds = rescore_points(policy, benchmark, points, seed=seed, max_batch=max_batch, progress=progress,
                                                kept=kept)
-            out[env]["points"] = point_metrics(rescored) | {"tasks": points, "seconds": seconds}
+            out[benchmark]["points"] = point_metrics(rescored) | {"tasks": points, "seconds": seconds}
             keep()
     return out
 
 
-def rescore_points(policy: HFPolicy, env: str, tasks: int, *, seed: int = 0, max_batch: int = 64,
+def rescore_points(policy: HFPolicy, benchmark: str, tasks: int, *, seed: int = 0, max_batch: int = 64,
                    progress: bool = False, kept: Path | None = None,
                    chunk: int = POINTS_CHUNK) -> tuple[list[DelegationPoint], float]:
     """The held-out points of the last ``tasks`` tasks (:func:`points_tasks`) rescored by
@@ -162,7 +162,7 @@ def rescore_points(policy: HFPolicy, env: str, tasks: int, *, seed: int = 0, max
     starts after the points already there, so an interrupted run of hours loses at most one
     chunk. A line whose point is not the held-out point expected at its position (another
     ``tasks``, ``seed`` or code version) is an error, not a silent mix."""
-    held = heldout_points(env, points_tasks(env, tasks), seed=seed)
+    held = heldout_points(benchmark, points_tasks(benchmark, tasks), seed=seed)
     rows = list(read_jsonl(kept)) if kept is not None and kept.exists() else []
     done = [DelegationPoint.from_json(row["point"]) for row in rows]
     if len(done) > len(held):
@@ -173,8 +173,8 @@ def rescore_points(policy: HFPolicy, env: str, tasks: int, *, seed: int = 0, max
                                  f"{want.tree_id}/{want.child_id}: it was written for other held-out points; remove it")
     seconds = sum(row["seconds"] for row in rows)
     greedy = RuntimeConfig(temperature=0.0, rubric_temperature=0.0, seed=seed)
-    runtime = Runtime(env, PolicyActor(policy, max_batch=max_batch), greedy)
-    for start in tqdm(range(len(done), len(held), chunk), desc=f"rescore {env} points ({chunk} at a time)",
+    runtime = Runtime(benchmark, PolicyActor(policy, max_batch=max_batch), greedy)
+    for start in tqdm(range(len(done), len(held), chunk), desc=f"rescore {benchmark} points ({chunk} at a time)",
                       disable=not progress):
         t0 = time.perf_counter()
         part = runtime.rescore_all(held[start:start + chunk])
@@ -224,14 +224,14 @@ def play_kept(runtime: Runtime, tasks: list[dict], *, progress: bool = False,
     return [done[i] for i in ids], sum(row["wall"] for row in rows)
 
 
-def play_groups(actor: Any, env: str, tasks: list[dict], *, seed: int = 0, progress: bool = False,
+def play_groups(actor: Any, benchmark: str, tasks: list[dict], *, seed: int = 0, progress: bool = False,
                 kept: Path | None = None) -> list[Rollout]:
     """``tasks`` played concurrently by ``actor`` (what :class:`Runtime` takes: a
     :class:`PolicyActor`) at temperature 1 with counterfactual groups of B = 8: their rollouts
     (trees and delegation points), in task order; ``kept`` keeps each tree as it ends
     (:func:`play_kept`)."""
     sampled = RuntimeConfig(temperature=1.0, counterfactual=8, seed=seed)
-    return play_kept(Runtime(env, actor, sampled), tasks, progress=progress, kept=kept)[0]
+    return play_kept(Runtime(benchmark, actor, sampled), tasks, progress=progress, kept=kept)[0]
 
 
 def group_tasks(tasks: list[dict], groups: int) -> list[dict]:

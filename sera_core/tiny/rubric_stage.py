@@ -201,14 +201,14 @@ def stage_rows(points: Sequence[DelegationPoint], *, train_scorer: bool, score_c
     return rows, count
 
 
-def stage_points(env: str, split: str, tasks: int, path: Path, *, last: bool) -> list[DelegationPoint]:
+def stage_points(benchmark: str, split: str, tasks: int, path: Path, *, last: bool) -> list[DelegationPoint]:
     """The noisy expert's mixed groups on the first (``last``: the last) ``tasks`` medium
     tasks of ``split``, built once into ``path`` (seconds; the same bytes every time)."""
     if not path.exists():
-        records = pick_tasks(env, split, difficulty="medium")
+        records = pick_tasks(benchmark, split, difficulty="medium")
         chosen = records[-tasks:] if last else records[:tasks]
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_jsonl(path, [p.to_json() for p in heldout_points(env, chosen)])
+        write_jsonl(path, [p.to_json() for p in heldout_points(benchmark, chosen)])
     return read_points(path)
 
 
@@ -249,12 +249,12 @@ class RubricStage(Trainer):
         """The held-out metrics of the current weights (both calls at temperature 0, so the
         seed does not enter: the starting model's are measured once per cache folder and
         shared by every arm and seed, ``start_file``)."""
-        if self.version == 0 and self.start_file.exists():
+        if self.updates_done == 0 and self.start_file.exists():
             return json.loads(self.start_file.read_text())
         t0 = time.perf_counter()
         out = self.rescored(self.heldout, derive_seed(0, "heldout"), 0.0, 0.0, progress=self.progress)
-        row = {"version": self.version, **point_metrics(out), "seconds": round(time.perf_counter() - t0, 1)}
-        if self.version == 0:
+        row = {"version": self.updates_done, **point_metrics(out), "seconds": round(time.perf_counter() - t0, 1)}
+        if self.updates_done == 0:
             write_atomic(self.start_file, json.dumps(row).encode())
         return row
 
@@ -269,9 +269,9 @@ class RubricStage(Trainer):
         model.train(was_training)
         return logprob_by_sign(scored) | {"weighted": advantage_weighted_logprob(scored)}
 
-    def step(self) -> dict[str, Any]:
-        """One update at ``self.version``; returns its ``updates.csv`` row."""
-        cfg, sc, v = self.cfg, self.stage_cfg, self.version
+    def run_update(self) -> dict[str, Any]:
+        """One update at ``self.updates_done``; returns its ``updates.csv`` row."""
+        cfg, sc, v = self.cfg, self.stage_cfg, self.updates_done
         t0 = time.perf_counter()
         torch.manual_seed(derive_seed(cfg.seed, "torch", v))
         batch = random.Random(derive_seed(cfg.seed, "points", v)).sample(self.pool, sc.points_per_update)
@@ -285,7 +285,7 @@ class RubricStage(Trainer):
         if before is not None:
             self.last_moved = {"before": before, "after": self.measure_rows(rows)}
         self.last_rows, self.last_stats = rows, stats  # what the update trained, and log pi before it by sign
-        self.version += 1
+        self.updates_done += 1
         self.counters["tokens_trained"] += int(stats["tokens"])
         m = point_metrics(points)
         return {"version": v, "points": m["points"], "mixed": m["mixed"], "pairwise_accuracy": m["pairwise_accuracy"],
@@ -307,17 +307,17 @@ class RubricStage(Trainer):
             for name in ("updates.csv", "heldout.csv"):
                 (self.out / name).unlink(missing_ok=True)
         self.out.mkdir(parents=True, exist_ok=True)
-        updates = keep_rows(self.out / "updates.csv", UPDATE_COLUMNS, before=self.version)
-        heldout = keep_rows(self.out / "heldout.csv", HELDOUT_COLUMNS, before=self.version + 1)  # this version's measure stays
+        updates = keep_rows(self.out / "updates.csv", UPDATE_COLUMNS, before=self.updates_done)
+        heldout = keep_rows(self.out / "heldout.csv", HELDOUT_COLUMNS, before=self.updates_done + 1)  # this version's measure stays
         done = 0
-        bar = tqdm(total=target, initial=self.version, desc=f"rubric stage ({self.stage_cfg.arm})", disable=not self.progress)
+        bar = tqdm(total=target, initial=self.updates_done, desc=f"rubric stage ({self.stage_cfg.arm})", disable=not self.progress)
         while True:
-            due = self.version % self.stage_cfg.eval_every == 0 or self.version == target
-            if due and self.heldout and not any(int(r["version"]) == self.version for r in heldout):
+            due = self.updates_done % self.stage_cfg.eval_every == 0 or self.updates_done == target
+            if due and self.heldout and not any(int(r["version"]) == self.updates_done for r in heldout):
                 heldout.append(append_row(self.out / "heldout.csv", HELDOUT_COLUMNS, self.measure()))
-            if self.version >= target or (stop_after is not None and done >= stop_after):
+            if self.updates_done >= target or (stop_after is not None and done >= stop_after):
                 break
-            updates.append(append_row(self.out / "updates.csv", UPDATE_COLUMNS, self.step()))
+            updates.append(append_row(self.out / "updates.csv", UPDATE_COLUMNS, self.run_update()))
             self.save()
             done += 1
             bar.update(1)

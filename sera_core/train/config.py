@@ -74,7 +74,7 @@ class TrainConfig:
     ``tasks``). The paper trains TextCraft on the 852 medium train tasks (SPEC 3)."""
     task_format: str = "native"
     """``native`` or ``official`` task records (a task file only)."""
-    tasks_per_step: int = 8
+    tasks_per_update: int = 8
     """Root tasks per update (paper: 8)."""
     trees_per_task: int = 8
     """K: rollouts (trees) per root task; the leave-one-out group (paper: 8)."""
@@ -86,7 +86,7 @@ class TrainConfig:
     max_depth: int = 3
     """Deepest agent (0: single agent, no delegation)."""
     max_steps_per_agent: int = 20
-    """Turns per agent."""
+    """Turns per agent (the runtime's ``max_steps_per_agent``)."""
     counterfactual: int = 8
     """B: branches per delegation point in rubric-generation rollouts (0: none)."""
     fork_cap: int = 16
@@ -235,7 +235,7 @@ class TrainConfig:
         """
         from sera_core.agents.runtime import RuntimeConfig
 
-        values = dict(max_depth=self.max_depth, max_steps=self.max_steps_per_agent, temperature=self.temperature,
+        values = dict(max_depth=self.max_depth, max_steps_per_agent=self.max_steps_per_agent, temperature=self.temperature,
                       max_new_tokens=self.max_new_tokens, max_context_tokens=self.max_context_tokens,
                       counterfactual=self.counterfactual if branches else 0, fork_cap=self.fork_cap,
                       rubric_writer=self.rubric_writer, scorer=self.scorer, malformed_policy=self.malformed_policy,
@@ -251,9 +251,10 @@ _CHOICES = {
     "log_with": ("none", "tensorboard", "wandb"), "judge": ("program", "llm"),
     "engine_dtype": ("auto", "float32", "bfloat16"),
 }
-RENAMED = {"max_steps": ("total_updates", "it counts optimizer updates; an agent's turn budget is max_steps_per_agent")}
+RENAMED = {"max_steps": ("total_updates", "it counts optimizer updates; an agent's turn budget is max_steps_per_agent"),
+           "tasks_per_step": ("tasks_per_update", "a training iteration is an update")}
 """Keys of older configs: ``old -> (new, why)``; a config that uses one fails with this message."""
-_POSITIVE_INTS = ("tasks_per_step", "trees_per_task", "max_steps_per_agent", "micro_batch_tokens", "total_updates",
+_POSITIVE_INTS = ("tasks_per_update", "trees_per_task", "max_steps_per_agent", "micro_batch_tokens", "total_updates",
                   "checkpoint_every")
 _NONNEG_INTS = ("max_depth", "counterfactual", "fork_cap", "seed", "gpus", "judge_max_retries")
 

@@ -54,12 +54,12 @@ def train_command(cfg: TrainConfig, config_file: str | os.PathLike, *, num_proce
     return [*cmd, "-m", "sera_core", *tail]
 
 
-def tasks_command(env: str, out: str | os.PathLike) -> list[str]:
-    """``sera tasks``: the evaluation split of ``env`` (TextCraft val, TextWorld test)."""
+def tasks_command(benchmark: str, out: str | os.PathLike) -> list[str]:
+    """``sera tasks``: the evaluation split of ``benchmark`` (TextCraft val, TextWorld test)."""
     from sera_core.envs.registry import BENCHMARKS
 
-    split = BENCHMARKS[env].eval_split
-    return [sys.executable, "-m", "sera_core", "tasks", "--env", env, "--split", split, "--out", str(out)]
+    split = BENCHMARKS[benchmark].eval_split
+    return [sys.executable, "-m", "sera_core", "tasks", "--env", benchmark, "--split", split, "--out", str(out)]
 
 
 def export_command(run: str | os.PathLike, out: str | os.PathLike) -> list[str]:
@@ -104,7 +104,7 @@ def update_budget(cfg: TrainConfig, *, agents_per_tree: float = 1.0) -> list[dic
 
     * ``updates_per_cycle``, ``updates_in_run`` (of ``total_updates``), and ``trains``: the
       token role the stage trains (execution, launch, rubric);
-    * ``trees`` T = tasks_per_step x trees_per_task, and ``agent_runs`` = T x
+    * ``trees`` T = tasks_per_update x trees_per_task, and ``agent_runs`` = T x
       ``agents_per_tree`` (rounded): the agents of the ordinary trees (the config does not bound a
       tree's size: 1 counts the roots only; pass a measured mean to count the children);
     * ``groups`` = T x (fork_cap // B) on a stage that branches (rubric generation), else 0:
@@ -126,7 +126,7 @@ def update_budget(cfg: TrainConfig, *, agents_per_tree: float = 1.0) -> list[dic
     in_run = stages.counts(cfg.total_updates)
     context = cfg.max_context_tokens or bench.max_context_tokens
     episode = min(cfg.max_steps_per_agent * (cfg.max_new_tokens or bench.max_new_tokens), context)
-    trees = cfg.tasks_per_step * cfg.trees_per_task
+    trees = cfg.tasks_per_update * cfg.trees_per_task
     rows = []
     for name, count in stages.parts:
         groups = trees * (cfg.fork_cap // cfg.counterfactual) if name == "rubric_generation" else 0

@@ -1,11 +1,12 @@
 """The SERA trainer: rollouts -> rewards -> advantages -> one CISPO update, on Accelerate.
 
-One optimizer update at version ``v`` (the number of updates already done):
+One update (a training iteration, :meth:`Trainer.run_update`) at version ``v`` (the number of
+updates already done, ``Trainer.updates_done``: the policy's version):
 
 1. **Stage**: ``stage = StageController(cfg.schedule).stage(v)`` (16:2:2 by default); it
    fixes the objective (the token role trained) and whether rollouts branch
    counterfactually (rubric generation only).
-2. **Tasks**: ``tasks_per_step`` root tasks drawn with ``random.Random(derive_seed(seed,
+2. **Tasks**: ``tasks_per_update`` root tasks drawn with ``random.Random(derive_seed(seed,
    "tasks", v))`` from the task list (the data cursor is the version itself).
 3. **Rollouts**: ``trees_per_task`` trees per task through the recursive runtime
    (:class:`~sera_core.agents.runtime.Runtime`) at ``temperature``, seeded by
@@ -77,7 +78,7 @@ from sera_core.train.advantages import (
     rubric_advantages,
 )
 from sera_core.train.cispo import CISPOConfig
-from sera_core.train.config import TrainConfig
+from sera_core.train.config import RENAMED, TrainConfig
 from sera_core.train.stages import Stage, StageController
 from sera_core.train.update import loss_and_backward, token_rows
 from sera_core.utils.errors import UserInputError
@@ -150,7 +151,9 @@ class Trainer:
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.policy = self._policy(path)
         self.tasks = cfg.task_pool()
-        self.version = 0
+        self.updates_done = 0
+        """Updates applied so far: the policy's version (stored as ``version`` in ``state.json``
+        and as the ``version`` column of ``metrics.csv``: the version each row's update started from)."""
         self.counters = {"tokens_trained": 0, "judge_calls": 0, "judge_tokens": 0, "external_calls": 0,
                          "external_tokens": 0}
         self.external = self._external()
@@ -215,7 +218,7 @@ class Trainer:
     def batch_tasks(self, version: int) -> list[dict]:
         """The update's root tasks (the same draw on every process)."""
         rng = random.Random(derive_seed(self.cfg.seed, "tasks", version))
-        return rng.sample(self.tasks, min(self.cfg.tasks_per_step, len(self.tasks)))
+        return rng.sample(self.tasks, min(self.cfg.tasks_per_update, len(self.tasks)))
 
     @property
     def part(self) -> tuple[int, int]:
@@ -263,9 +266,10 @@ class Trainer:
             adv = depth_weighted(adv)
         return adv, filtered
 
-    def step(self) -> dict[str, Any]:
-        """One update at ``self.version``; returns its metrics row."""
-        cfg, v = self.cfg, self.version
+    def run_update(self) -> dict[str, Any]:
+        """One update (a whole training iteration: play, rewards, advantages, :meth:`train_on`)
+        at version ``self.updates_done``; returns its metrics row."""
+        cfg, v = self.cfg, self.updates_done
         stage = self.stages.stage(v)
         t0 = time.perf_counter()
         torch.manual_seed(derive_seed(cfg.seed, "torch", v))
@@ -276,13 +280,13 @@ class Trainer:
         rollouts = self.play(stage, v, timed)
         self._count_supervision(spent)
         t_rollout = time.perf_counter() - t0
-        adv, filtered, stats, grad_norm = self.update(stage, rollouts)
+        adv, filtered, stats, grad_norm = self.train_on(stage, rollouts)
         t_update = time.perf_counter() - t0 - t_rollout
-        self.version += 1
+        self.updates_done += 1
         return self._metrics(v, stage, rollouts, adv, filtered, stats, grad_norm, timed.seconds,
                              t_rollout, t_update, time.perf_counter() - t0)
 
-    def update(self, stage: Stage, rollouts: list[Rollout]) -> tuple[list[Advantage], int, dict[str, float], float]:
+    def train_on(self, stage: Stage, rollouts: list[Rollout]) -> tuple[list[Advantage], int, dict[str, float], float]:
         """One optimizer step on the stage's objective over ``rollouts`` (every tree of the
         update, on every process); the rollout policy then follows the new weights. Returns
         the advantages, the datums zero-variance filtering dropped, the loss statistics of
@@ -386,14 +390,14 @@ class Trainer:
         self._trim_metrics()
         self._start_trackers()
         rows: list[dict] = []
-        bar = tqdm(total=target, initial=self.version, desc=f"train {self.cfg.method}", disable=not self.progress)
-        while self.version < target:
-            row = self.step()
+        bar = tqdm(total=target, initial=self.updates_done, desc=f"train {self.cfg.method}", disable=not self.progress)
+        while self.updates_done < target:
+            row = self.run_update()
             rows.append(row)
             self._append_metrics(row)
             bar.update(1)
             bar.set_postfix(stage=row["stage"][:5], success=row["root_success"], loss=f"{row['loss']:.4f}")
-            if self.version % self.cfg.checkpoint_every == 0 or self.version == target:
+            if self.updates_done % self.cfg.checkpoint_every == 0 or self.updates_done == target:
                 self.save()
             if stop_after is not None and len(rows) >= stop_after:
                 break
@@ -428,7 +432,7 @@ class Trainer:
 
     def _trim_metrics(self) -> None:
         """Keep only the rows of versions already done (a resumed run rewrites later ones)."""
-        keep_rows(self.out / "metrics.csv", METRICS, before=self.version)
+        keep_rows(self.out / "metrics.csv", METRICS, before=self.updates_done)
 
     # -- checkpoints -------------------------------------------------------------------
     def save(self) -> Path:
@@ -456,7 +460,7 @@ class Trainer:
                 save_file(weights, str(tmp / "model.safetensors"))
                 torch.save(moments, tmp / "optimizer.pt")
                 files = {name: sha256_file(tmp / name) for name in ("model.safetensors", "optimizer.pt")}
-                state = {"version": self.version, "config": self.cfg.to_json(), "counters": self.counters, "files": files}
+                state = {"version": self.updates_done, "config": self.cfg.to_json(), "counters": self.counters, "files": files}
                 (tmp / "state.json").write_text(json.dumps(state, indent=1))
                 swap_in(tmp, final)
             except (OSError, RuntimeError, SafetensorError) as exc:  # torch and safetensors report I/O failures as
@@ -466,7 +470,7 @@ class Trainer:
                 kept = (f"the previous one (update {read_checkpoint(final)['version']}) is intact" if final.exists()
                         else f"the previous one is in {old}" if old.exists() else "there is no earlier one")
                 failure = [(getattr(exc, "errno", None) or errno.EIO,
-                            f"{final}: could not write the checkpoint of update {self.version} "
+                            f"{final}: could not write the checkpoint of update {self.updates_done} "
                             f"({getattr(exc, 'strerror', None) or exc}); {kept}")]
         if self.accelerator.num_processes > 1:
             failure = broadcast_object_list(failure, from_process=0)  # every process learns of it
@@ -479,14 +483,15 @@ class Trainer:
         from sera_core.utils.weights import load_optimizer_state, load_trained
 
         state = read_checkpoint(path)
-        mine, theirs = self.cfg.to_json(), state["config"]
+        # a checkpoint written before a key was renamed (:data:`RENAMED`) stores it by its former name
+        mine, theirs = self.cfg.to_json(), {RENAMED.get(k, (k,))[0]: v for k, v in state["config"].items()}
         changed = sorted(k for k in mine if k not in OPERATIONAL and mine[k] != theirs.get(k))
         if changed:
             raise CheckpointError(f"{path}: written with another config (differs in {', '.join(changed)})")
         model = self.accelerator.unwrap_model(self.model)
         load_trained(model, path / "model.safetensors")
         load_optimizer_state(model, self.optimizer, path / "optimizer.pt")
-        self.version, self.counters = state["version"], self.counters | state["counters"]
+        self.updates_done, self.counters = state["version"], self.counters | state["counters"]
         self._sync_policy()  # the next rollouts sample from the loaded weights, not the initial ones
 
 
@@ -520,7 +525,7 @@ def append_row(path: Path, columns: tuple[str, ...], row: dict) -> dict:
 def plan(cfg: TrainConfig) -> dict[str, Any]:
     """What ``sera train --dry-run`` prints: the run's plan, without loading a model."""
     stages = StageController(cfg.schedule)
-    trees = cfg.tasks_per_step * cfg.trees_per_task
+    trees = cfg.tasks_per_update * cfg.trees_per_task
     bench = benchmark(cfg.env)
     context = cfg.max_context_tokens or bench.max_context_tokens
     out_cap = cfg.max_new_tokens or bench.max_new_tokens
@@ -532,13 +537,13 @@ def plan(cfg: TrainConfig) -> dict[str, Any]:
                       "size": len(cfg.task_pool())},
         "schedule": stages.schedule, "cycle_length": stages.cycle_length,
         "updates": cfg.total_updates, "updates_per_stage": stages.counts(cfg.total_updates),
-        "batch": {"root_tasks": cfg.tasks_per_step, "trees_per_task": cfg.trees_per_task, "trees": trees,
+        "batch": {"root_tasks": cfg.tasks_per_update, "trees_per_task": cfg.trees_per_task, "trees": trees,
                   "counterfactual_branches": cfg.counterfactual if stages.counts(stages.cycle_length)["rubric_generation"] else 0},
         "child_reward": cfg.child_reward, "loss": cfg.loss, "lr": cfg.lr, "betas": list(cfg.betas),
         "weight_decay": cfg.weight_decay, "grad_clip": cfg.grad_clip,
         "clip": [cfg.clip_low, cfg.clip_high] if cfg.loss == "cispo" else [1 - cfg.grpo_eps, 1 + cfg.grpo_eps],
         "context_tokens": context, "max_new_tokens": out_cap,
-        "tokens_per_step_max": trees * context,
+        "tokens_per_update_max": trees * context,
         "devices": {"gpus": cfg.gpus, "accelerate_config": accel, "mixed_precision": cfg.precision()},
         "memory": _memory(params, cfg),
         "out": cfg.out,
