@@ -11,6 +11,7 @@ needs and drops what would make the file large or unstable:
 * notebook and cell metadata other than ``kernelspec``, ``language_info`` and ``tags``;
 * standard-error streams (engine logs, warnings, progress bars) and widget outputs (they do
   not render outside a live kernel), and the ``execution`` timings papermill adds;
+* vLLM's log lines (it logs to standard output: :data:`ENGINE_LOG`) are dropped;
 * stdout and text results longer than :data:`MAX_TEXT` characters are cut in the middle.
 
 Execution counts are renumbered 1, 2, ... in cell order. Tables (HTML and text) and plots
@@ -32,6 +33,7 @@ import copy
 import json
 import os
 import platform
+import re
 import shutil
 import sys
 import tempfile
@@ -43,6 +45,8 @@ NOTEBOOKS = ROOT / "notebooks"
 TIMES = NOTEBOOKS / "course_times.json"
 MAX_BYTES = 400_000
 """The largest a committed notebook may be after :func:`clean` (bytes)."""
+ENGINE_LOG = re.compile(r"^(\x1b\[[0-9;]*m)*\((MainProcess|EngineCore\w*|Worker\w*) pid=\d+\)")
+"""A line of vLLM's log (it writes to standard output); such lines are not kept."""
 MAX_TEXT = 4_000
 """The longest a kept text output may be (characters); longer ones are cut in the middle."""
 NOTEBOOK_METADATA = ("kernelspec", "language_info")
@@ -80,9 +84,11 @@ def clean(nb: dict) -> dict:
             outputs = []
             for out in cell.get("outputs", []):
                 if out["output_type"] == "stream":
-                    if out["name"] == "stderr":
+                    text = "".join(line for line in _text(out["text"]).splitlines(keepends=True)
+                                   if not ENGINE_LOG.match(line))
+                    if out["name"] == "stderr" or not text.strip():
                         continue
-                    out["text"] = _cut(_text(out["text"]))
+                    out["text"] = _cut(text)
                 elif out["output_type"] in ("display_data", "execute_result"):
                     out["data"] = {k: v for k, v in out["data"].items() if k not in DROPPED_MIME}
                     if not out["data"]:

@@ -88,9 +88,12 @@ def setup(config: str | None, smoke: bool, *, benchmark: str | None = None, loss
     """A notebook's set-up: the smoke switch (``smoke`` or ``SERA_SMOKE=1``), the run config
     ``config`` loaded with ``overrides`` (a shipped name or a YAML path; unknown or bad keys fail
     here, naming the key) and checked against what the notebook teaches (``benchmark``, ``loss``,
-    ``native``: generated task records, not the official format), and pandas' display width."""
+    ``native``: generated task records, not the official format), and pandas' display width.
+    vLLM's log is kept to errors (``VLLM_LOGGING_LEVEL=ERROR`` unless the environment sets
+    it; read when vLLM is first imported, which comes after this call in every notebook)."""
     import pandas as pd
 
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     pd.set_option("display.max_colwidth", 120)
     smoke = bool(smoke) or os.environ.get("SERA_SMOKE") == "1"
     if config is None:

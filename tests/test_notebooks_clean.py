@@ -127,6 +127,9 @@ def test_render_course_keeps_what_a_reader_needs_and_drops_the_rest():
          "source": "work()", "outputs": [
              {"output_type": "stream", "name": "stderr", "text": "WARNING engine\n"},
              {"output_type": "stream", "name": "stdout", "text": ["x" * 10_000]},
+             {"output_type": "stream", "name": "stdout",  # vLLM's log on stdout: dropped, and the output with it
+              "text": ["\x1b[0;36m(MainProcess pid=7)\x1b[0;0m INFO 12-03 [core.py:1] init\n", "(EngineCore_0 pid=8) x\n"]},
+             {"output_type": "stream", "name": "stdout", "text": ["(MainProcess pid=7) WARNING y\n", "kept\n"]},
              {"output_type": "display_data", "metadata": {}, "data": {"application/vnd.jupyter.widget-view+json": {}}},
              {"output_type": "display_data", "metadata": {"image/png": {"width": 400}}, "data": png},
              {"output_type": "execute_result", "execution_count": 3, "metadata": {}, "data": {"text/html": "<table/>"}}]},
@@ -137,7 +140,8 @@ def test_render_course_keeps_what_a_reader_needs_and_drops_the_rest():
     params, work = out["cells"][1], out["cells"][2]
     assert (params["execution_count"], work["execution_count"]) == (1, 2) and work["metadata"] == {}
     kinds = [(o["output_type"], o.get("name")) for o in work["outputs"]]
-    assert kinds == [("stream", "stdout"), ("display_data", None), ("execute_result", None)]
+    assert kinds == [("stream", "stdout"), ("stream", "stdout"), ("display_data", None), ("execute_result", None)]
     assert len(work["outputs"][0]["text"]) < 5_000 and "characters cut" in work["outputs"][0]["text"]
-    assert work["outputs"][1]["data"] == png and work["outputs"][2]["execution_count"] == 2
+    assert work["outputs"][1]["text"] == "kept\n"  # the engine's line went, the notebook's own stayed
+    assert work["outputs"][2]["data"] == png and work["outputs"][3]["execution_count"] == 2
     assert nb["cells"][3]["outputs"][0]["name"] == "stderr"  # the input is not changed

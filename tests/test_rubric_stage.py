@@ -14,7 +14,7 @@ from sera_core.agents.runtime import Runtime
 from sera_core.course import noisy_expert, pick_tasks
 from sera_core.eval.points import heldout_points
 from sera_core.rubrics import Score, ranking_loss
-from sera_core.tiny.rubric_stage import RubricStageConfig, branch_rewards, score_advantages
+from sera_core.tiny.rubric_stage import RubricStageConfig, branch_rewards, score_advantages, stage_rows
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +71,26 @@ def test_score_advantages_are_leave_one_out_and_skip_a_uniform_group(point, monk
     # a call the runtime never made (a forced zero) has no tokens to train: no datum
     forced = replace(p, branches=[replace(b, score_turn=None) if b.branch == 0 else b for b in p.branches])
     assert 0 not in dict(score_advantages(forced)) and len(score_advantages(forced)) == len(labels) - 1
+
+
+def test_the_trained_scoring_calls_are_drawn_from_those_that_move(point):
+    """``stage_rows`` trains up to ``score_calls`` calls per point, never one whose ``A_b`` is 0."""
+    import itertools
+    import random
+
+    def zero_and_moving(scores):
+        adv = dict(score_advantages(with_scores(point, list(scores))))
+        return any(a == 0.0 for a in adv.values()) and any(adv.values())
+
+    # scores on a grid that give some calls exactly their point's mean (A_b = 0) and others not
+    scores = next(s for s in itertools.product((0.0, 0.5, 1.0), repeat=len(point.labels)) if zero_and_moving(s))
+    p = with_scores(point, list(scores))
+    moving = {b for b, a in score_advantages(p) if a != 0.0}
+    rewritten = replace(p, rewritten=p.branches[0].score_turn)
+    for calls in (2, len(point.labels)):  # a draw, and every call there is
+        rows, count = stage_rows([rewritten], train_scorer=True, score_calls=calls, rng=random.Random(0))
+        values = [a for r in rows for a, t in zip(r.advantage, r.trained) if t]
+        assert count["datums_score"] == min(calls, len(moving)) and values and 0.0 not in values
 
 
 def test_config_refuses_bad_settings_before_any_work():

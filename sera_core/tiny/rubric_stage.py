@@ -71,7 +71,7 @@ from sera_core.envs.registry import pick_tasks
 from sera_core.eval.points import heldout_points, point_metrics
 from sera_core.rewards import Datum
 from sera_core.rubrics import RANKING_MARGIN
-from sera_core.train.advantages import Advantage, leave_one_out, rubric_advantages, uniform
+from sera_core.train.advantages import REWARD_TOLERANCE, Advantage, leave_one_out, rubric_advantages, uniform
 from sera_core.train.config import load_config
 from sera_core.train.trainer import Trainer, append_row, keep_rows
 from sera_core.train.update import TokenRow, advantage_weighted_logprob, logprob_by_sign, rescored, turn_rows
@@ -181,7 +181,9 @@ def stage_rows(points: Sequence[DelegationPoint], *, train_scorer: bool, score_c
     """The update's token rows: each rewritten rubric call with its ``A_g`` (rubric role) and,
     with ``train_scorer``, up to ``score_calls`` scoring calls per point (drawn with ``rng``
     when there are more) with their ``A_b`` (score role); and the datums and trained tokens
-    of each role."""
+    of each role. The draw is among the calls with ``A_b != 0`` (beyond
+    :data:`~sera_core.train.advantages.REWARD_TOLERANCE`): a call that earned its
+    point's mean moves nothing and costs a row of its whole prompt (about 3,000 tokens)."""
     datums = [Datum(f"{p.tree_id}/{p.child_id}", p.task_id, p.parent_id, 0, "rubric", p.parent_id.count("."),
                     -p.ranking.loss, group=f"{p.parent_id}>{p.child_id}")
               for p in points if not p.ranking.skipped and p.rewritten is not None]
@@ -192,7 +194,7 @@ def stage_rows(points: Sequence[DelegationPoint], *, train_scorer: bool, score_c
     if train_scorer:
         rng = rng or random.Random(0)
         for p in points:
-            calls = score_advantages(p)
+            calls = [(branch, value) for branch, value in score_advantages(p) if abs(value) > REWARD_TOLERANCE]
             for branch, value in sorted(rng.sample(calls, min(score_calls, len(calls)))):
                 trained = turn_rows([p.branches[branch].score_turn], "score", value)
                 rows += trained
