@@ -366,7 +366,7 @@ def test_launch_spans_textworld_blocks():
     text = 'think <delegate>{"goal": "eat dish_1"}</delegate> then <action>go to garden</action>'
     assert _span_texts(text, "textworld") == ['<delegate>{"goal": "eat dish_1"}</delegate>']
     assert launch_spans('<delegate>{"goal": "x"}', "textworld") == []  # never closed: no delegation
-    with pytest.raises(ValueError, match="env"):
+    with pytest.raises(ValueError, match="benchmark"):
         launch_spans(text, "minecraft")
 
 
