@@ -114,7 +114,9 @@ def train(arm: str, seed: int, args) -> Path:
 
     config, schedule = ARMS[arm]
     run = Path(args.out) / f"{arm}_seed{seed}"
-    overrides = {"total_updates": args.updates, "seed": seed, "out": str(run), "method": arm}
+    # a checkpoint after every update: an update takes minutes to half an hour on a busy CPU core,
+    # and a run resumes from its last checkpoint (the tiny configs' checkpoint_every is 5)
+    overrides = {"total_updates": args.updates, "seed": seed, "out": str(run), "method": arm, "checkpoint_every": 1}
     if schedule is not None:
         overrides["schedule"] = schedule
     if (run / "train_done.json").exists():
