@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -137,7 +136,9 @@ def rollout_policy(cfg: Any, *, dtype: str | None = None) -> Any:
 def config_hash(cfg: Any) -> str:
     """The first 16 hex digits of the sha256 of a run config's settings (``cfg.to_json()``,
     keys sorted): two configs with the same hash play and train alike."""
-    return hashlib.sha256(json.dumps(cfg.to_json(), sort_keys=True).encode()).hexdigest()[:16]
+    from sera_core.utils.jsonio import settings_hash
+
+    return settings_hash(cfg.to_json())
 
 
 def code_version() -> dict[str, Any]:
@@ -212,7 +213,7 @@ class Fixture:
 
         settings = self.manifest[part]["settings"]
         if "max_steps" in settings:
-            raise ValueError(f"{self.path}/manifest.json: the {part} settings' key 'max_steps' was renamed "
+            raise UserInputError(f"{self.path}/manifest.json: the {part} settings' key 'max_steps' was renamed "
                              f"'max_steps_per_agent'; remake the fixture with `{self.manifest['command']}`")
         return RuntimeConfig(**settings)
 
@@ -233,7 +234,7 @@ def record_fixture(out: str | os.PathLike, config: str = FIXTURE_CONFIG, *, over
     1. the policy plays ``trees_per_task`` trees of each of the first ``policy_tasks`` easy
        tasks of ``policy_split`` (the trainer's: ``train``) at the config's temperature without
        branches (runtime seed ``policy_seed``; ``policy_max_steps`` steps per agent, None: the config's).
-       If every task's trees end alike the seed is refused (ValueError, before the rest is
+       If every task's trees end alike the seed is refused (UserInputError, before the rest is
        played): notebook 07 trains on their difference;
     2. the noisy expert plays ``trees_per_task`` trees of each of the first ``expert_tasks``
        medium tasks of the benchmark's evaluation split with the config's counterfactual groups
@@ -262,7 +263,7 @@ def record_fixture(out: str | os.PathLike, config: str = FIXTURE_CONFIG, *, over
     seed, k = cfg.seed if seed is None else seed, cfg.trees_per_task
     expert_settings = cfg.rollout_settings(seed=seed)
     if expert_settings.counterfactual < 2:
-        raise ValueError(f"{config}: counterfactual must be >= 2 to record delegation points")
+        raise UserInputError(f"{config}: counterfactual must be >= 2 to record delegation points")
     actor = as_actor(policy if policy is not None else rollout_policy(cfg, dtype="float32"))
 
     t0 = time.perf_counter()
@@ -273,7 +274,7 @@ def record_fixture(out: str | os.PathLike, config: str = FIXTURE_CONFIG, *, over
     rewards = {t: [r.tree.root_reward for r in own if r.tree.task_id == t]
                for t in dict.fromkeys(r.tree.task_id for r in own)}
     if all(len(set(v)) == 1 for v in rewards.values()):
-        raise ValueError(f"at policy seed {policy_seed} every task's trees end alike (root rewards {rewards}): "
+        raise UserInputError(f"at policy seed {policy_seed} every task's trees end alike (root rewards {rewards}): "
                          "notebook 07 needs trees whose rewards differ; try another seed")
     seconds["policy"] = time.perf_counter() - t0
 
@@ -283,7 +284,7 @@ def record_fixture(out: str | os.PathLike, config: str = FIXTURE_CONFIG, *, over
     played = [p for r in expert for p in r.points]
     mixed = [p for p in played if not p.ranking.skipped]
     if not mixed:
-        raise ValueError(f"the noisy expert's {len(played)} delegation points have no mixed group: play more tasks")
+        raise UserInputError(f"the noisy expert's {len(played)} delegation points have no mixed group: play more tasks")
     smallest = sorted(range(len(mixed)), key=lambda i: len(json.dumps(mixed[i].to_json())))[:points]
     kept = [mixed[i] for i in sorted(smallest)]
     seconds["expert"] = time.perf_counter() - t0
@@ -337,7 +338,7 @@ def record_fixture(out: str | os.PathLike, config: str = FIXTURE_CONFIG, *, over
 
 def load_fixture(path: str | os.PathLike = FIXTURE, config: Any = None) -> Fixture:
     """The fixture :func:`record_fixture` wrote to ``path``, each file checked against the sha256
-    and size in its manifest (a changed or damaged file is a ValueError naming it); trees are
+    and size in its manifest (a changed or damaged file is a UserInputError naming it); trees are
     :class:`~sera_core.agents.tree.Tree` s, points
     :class:`~sera_core.agents.points.DelegationPoint` s, tasks records. With ``config`` (a
     run config), it must be the one the fixture was recorded with (same :func:`config_hash`),
@@ -352,26 +353,26 @@ def load_fixture(path: str | os.PathLike = FIXTURE, config: Any = None) -> Fixtu
     try:
         manifest = json.loads((path / "manifest.json").read_text())
     except FileNotFoundError:
-        raise ValueError(f"{path}: no course fixture here (no manifest.json); make one with "
+        raise UserInputError(f"{path}: no course fixture here (no manifest.json); make one with "
                          f"`sera course record --out {path}`") from None
     if manifest.get("format") != FIXTURE_FORMAT:
-        raise ValueError(f"{path}/manifest.json: format {manifest.get('format')!r}, expected {FIXTURE_FORMAT!r}")
+        raise UserInputError(f"{path}/manifest.json: format {manifest.get('format')!r}, expected {FIXTURE_FORMAT!r}")
     remake = f"remake the fixture with `{manifest['command']}`"
     for name, want in manifest["files"].items():
         file = path / name
         if not file.is_file():
-            raise ValueError(f"{file}: missing from the fixture; {remake}")
+            raise UserInputError(f"{file}: missing from the fixture; {remake}")
         if file.stat().st_size != want["bytes"] or sha256_file(file) != want["sha256"]:
-            raise ValueError(f"{file}: its sha256 differs from the manifest's (the file was changed or damaged); "
+            raise UserInputError(f"{file}: its sha256 differs from the manifest's (the file was changed or damaged); "
                              f"{remake}")
     if config is not None:
         recorded = manifest["config"]
         if config_hash(config) != recorded["hash"]:
-            raise ValueError(f"{path} was recorded with the config {recorded['name']} (hash {recorded['hash']}), "
+            raise UserInputError(f"{path} was recorded with the config {recorded['name']} (hash {recorded['hash']}), "
                              f"not this one (hash {config_hash(config)}): use that config, play fresh trees, or {remake}")
         model = manifest["model"]
         if "adapter_sha256" in model and model_identity(config).get("adapter_sha256") != model["adapter_sha256"]:
-            raise ValueError(f"{path} was played by another adapter (sha256 {model['adapter_sha256'][:12]}...) than "
+            raise UserInputError(f"{path} was played by another adapter (sha256 {model['adapter_sha256'][:12]}...) than "
                              f"{config.model}'s now: {remake}")
     files = {field_name: path / name for field_name, name in FIXTURE_FILES.items()}
     return Fixture(path, manifest,

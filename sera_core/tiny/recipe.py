@@ -39,6 +39,7 @@ from sera_core.policy.tiny import TinyModelConfig, init_model, train_tokenizer
 from sera_core.tiny.demos import DemoConfig, copy_drills, corpus_texts, demonstrations
 from sera_core.tiny.sft import SFTConfig, train_sft
 from sera_core.utils.folders import swap_in
+from sera_core.utils.jsonio import settings_hash
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "tiny"
 """Where the shipped model lives inside the package."""
@@ -72,7 +73,7 @@ class Hashed:
 
     def config_hash(self) -> str:
         """sha256 of the recipe's settings (the first 16 hex digits name a build)."""
-        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:16]
+        return settings_hash(self.to_json())
 
 
 def _settings(obj: Any) -> Any:

@@ -9,6 +9,7 @@ still give the same bytes).
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import os
@@ -24,6 +25,12 @@ from sera_core.utils.errors import UserInputError
 def json_native(obj: Any) -> Any:
     """A JSON-native copy of ``obj``: what ``json.loads(json.dumps(obj))`` gives (tuples become lists)."""
     return json.loads(json.dumps(obj))
+
+
+def settings_hash(value: Any) -> str:
+    """The first 16 hex digits of the sha256 of ``value`` as JSON with sorted keys: the name of
+    a set of settings (a warm-start recipe, a run config); equal settings, equal names."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def write_jsonl(path: str | os.PathLike, records: Iterable[dict[str, Any]], *, sort_keys: bool = False) -> int:
