@@ -5,12 +5,14 @@ and trains its LoRA matrices with ``sera_core/configs/textcraft/*_tiny.yaml`` (2
 4 trees per update, B = 8 counterfactual branches in rubric-generation updates, training
 tasks from the train world, never the val world) for ``--updates`` updates:
 
-* ``sera``: ``execution:8,delegation:1,rubric_generation:1``: the paper's 16:2:2 ratio
-  halved so that 30 updates reach the rubric stage 3 times (and the decomposition stage 3
-  times);
-* ``sera_wo_rt``: ``execution:8,delegation:1``: the same without rubric training (rubrics
-  are written from the prompt and never trained);
+* ``sera``: ``execution:E,delegation:D,rubric_generation:R`` with ``--ratio E:D:R``
+  (default ``8:1:1``, the paper's 16:2:2 halved, so that 30 updates reach the rubric stage 3
+  times and the decomposition stage 3 times);
+* ``sera_wo_rt``: ``execution:E,delegation:D``: the same without rubric training (rubrics
+  are written from the prompt and never trained), the same number of updates;
 * ``rao``: children rewarded by the external binary label, one stage (``rao_tiny.yaml``).
+
+``--difficulties`` restricts the training tasks (the tiny configs draw easy and medium).
 
 Before and after training, on held-out material:
 
@@ -27,8 +29,14 @@ Before and after training, on held-out material:
 
 Each unit of work (a run's training, a model's measurement) writes its result file when it
 ends and is skipped when that file exists; training and evaluation resume inside a unit, so
-the script can be killed and restarted at any point. ``--report`` only writes the table
-(means ± 95% intervals over seeds, ``1.96 * std / sqrt(n)``), ``OUT/results.json`` and the
+the script can be killed and restarted at any point. A finished model's record (its measures
+and training statistics, a few KB) is also written to ``--keep`` (``figures/tiny_experiment/``,
+committed), so that the experiment continues on a fresh machine, where ``runs/`` is gone, from
+the models it has not finished: a record is used only when its settings (updates, ratio,
+training difficulties, held-out sets) are the run's, and a mismatch stops the script before
+any work. Two processes may share the work (``--arms sera`` beside ``--arms sera_wo_rt
+--before-seeds``, the second measuring no warm start). ``--report`` only writes the table
+(mean ± standard deviation over seeds), ``OUT/results.json`` and the
 figure ``OUT/tiny_experiment.png`` (``--figures DIR`` copies it there) from what is done.
 
 Run in the background (hours on 2 cores; see docs/measurements.md "The tiny experiment"):
@@ -42,13 +50,9 @@ import json
 import shutil
 import time
 from pathlib import Path
-from statistics import fmean
+from statistics import fmean, stdev
 
-ARMS = {
-    "sera": ("textcraft/sera_tiny.yaml", "execution:8,delegation:1,rubric_generation:1"),
-    "sera_wo_rt": ("textcraft/sera_tiny.yaml", "execution:8,delegation:1"),
-    "rao": ("textcraft/rao_tiny.yaml", None),
-}
+ARMS = {"sera": "textcraft/sera_tiny.yaml", "sera_wo_rt": "textcraft/sera_tiny.yaml", "rao": "textcraft/rao_tiny.yaml"}
 LABELS = {"before": "warm start (no RL)", "sera": "SERA", "sera_wo_rt": "SERA w/o RT", "rao": "RAO"}
 
 
@@ -58,6 +62,36 @@ def write_json(path: Path, value: dict) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, (json.dumps(value, indent=1) + "\n").encode())
+
+
+def schedule(arm: str, ratio: str) -> str | None:
+    """The arm's stage schedule for ``--ratio E:D:R`` (``None``: the config's own, RAO's one stage)."""
+    e, d, r = (int(x) for x in ratio.split(":"))
+    if arm == "rao":
+        return None
+    stages = [("execution", e), ("delegation", d)] + ([("rubric_generation", r)] if arm == "sera" else [])
+    return ",".join(f"{name}:{n}" for name, n in stages if n)
+
+
+def settings(args) -> dict:
+    """What a kept record must match to be reused: the training budget and the held-out sets."""
+    return {"updates": args.updates, "ratio": args.ratio, "difficulties": args.difficulties,
+            "points_tasks": args.points_tasks, "eval_tasks": args.eval_tasks, "eval_levels": list(args.eval_levels),
+            "eval_max_new_tokens": args.eval_max_new_tokens}
+
+
+def kept(args, name: str) -> dict | None:
+    """The committed record of model ``name`` (e.g. ``sera_seed1``) in ``--keep``, if it exists.
+
+    Raises ``SystemExit`` when the record was made with other settings: the table would mix budgets."""
+    path = Path(args.keep) / f"{name}.json"
+    if not path.exists():
+        return None
+    record = json.loads(path.read_text())
+    if record.get("settings") != settings(args):
+        raise SystemExit(f"{path} was made with {record.get('settings')}, not {settings(args)}: "
+                         f"pass the same settings, or another --keep folder")
+    return record
 
 
 def held_out(args) -> tuple[list, list[dict]]:
@@ -112,18 +146,19 @@ def train(arm: str, seed: int, args) -> Path:
     from sera_core.train.config import load_config
     from sera_core.train.trainer import Trainer
 
-    config, schedule = ARMS[arm]
     run = Path(args.out) / f"{arm}_seed{seed}"
     # a checkpoint after every update: an update takes minutes to half an hour on a busy CPU core,
     # and a run resumes from its last checkpoint (the tiny configs' checkpoint_every is 5)
     overrides = {"total_updates": args.updates, "seed": seed, "out": str(run), "method": arm, "checkpoint_every": 1}
-    if schedule is not None:
-        overrides["schedule"] = schedule
+    if schedule(arm, args.ratio) is not None:
+        overrides["schedule"] = schedule(arm, args.ratio)
+    if args.difficulties:
+        overrides["difficulties"] = args.difficulties
     if (run / "train_done.json").exists():
         return run
     t0, c0 = time.time(), time.process_time()
     print(f"[{time.strftime('%H:%M:%S')}] training {arm} seed {seed}: {args.updates} updates", flush=True)
-    Trainer(load_config(config, **overrides)).run(resume=True)
+    Trainer(load_config(ARMS[arm], **overrides)).run(resume=True)
     write_json(run / "train_done.json", {"seconds": round(time.time() - t0, 1), "cpu_seconds": round(time.process_time() - c0, 1)})
     return run
 
@@ -144,10 +179,24 @@ def training_stats(run: Path) -> dict:
             "stages": list(m["stage"]), "seconds_per_update": round(float(m["seconds"].mean()), 1)}
 
 
-def report(results: dict) -> str:
-    """The Markdown table of ``results`` (one row per model; means ± 95% intervals over seeds)."""
-    from sera_core.eval.points import format_interval
+def spread(values: list[float | None]) -> str:
+    """``mean ± std`` (sample standard deviation over seeds, 3 places) of the values that are not
+    None; the mean alone for one value, ``-`` for none: a table cell."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    return f"{fmean(values):.3f}" if len(values) == 1 else f"{fmean(values):.3f} ± {stdev(values):.3f}"
 
+
+def level(rows: list[dict], difficulty: str) -> str:
+    """Root success at one difficulty over seeds (``-`` where it was not evaluated)."""
+    if not all(difficulty in r["by_difficulty"] for r in rows):
+        return "-"
+    return spread([r["by_difficulty"][difficulty] / 100 for r in rows])
+
+
+def report(results: dict) -> str:
+    """The Markdown table of ``results`` (one row per model; mean ± std over seeds)."""
     lines = ["| model | seeds | pairwise accuracy (held-out points) | ranking loss | root success (val) | easy | medium "
              "| tokens trained (exec / deleg / rubric) | mixed groups | delegations / tree |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -159,11 +208,10 @@ def report(results: dict) -> str:
             by = [r.get("tokens_by_stage", {}) for r in rows]
             tokens = " / ".join(f"{fmean([b.get(s, 0) for b in by]):,.0f}" for s in ("execution", "delegation", "rubric_generation"))
         lines.append(
-            f"| {LABELS[name]} | {len(rows)} | {format_interval([r['points']['pairwise_accuracy'] for r in rows])} | "
-            f"{format_interval([r['points']['ranking_loss'] for r in rows])} | {format_interval([r['root_success'] for r in rows])} | "
-            f"{format_interval([r['by_difficulty'].get('easy', 0) / 100 for r in rows])} | "
-            f"{format_interval([r['by_difficulty'].get('medium', 0) / 100 for r in rows])} | {tokens} | "
-            f"{format_interval([r.get('mixed_group_share') for r in rows])} | {format_interval([r.get('delegations_per_tree') for r in rows])} |")
+            f"| {LABELS[name]} | {len(rows)} | {spread([r['points']['pairwise_accuracy'] for r in rows])} | "
+            f"{spread([r['points']['ranking_loss'] for r in rows])} | {spread([r['root_success'] for r in rows])} | "
+            f"{level(rows, 'easy')} | {level(rows, 'medium')} | {tokens} | "
+            f"{spread([r.get('mixed_group_share') for r in rows])} | {spread([r.get('delegations_per_tree') for r in rows])} |")
     return "\n".join(lines)
 
 
@@ -203,18 +251,31 @@ def figure(results: dict, path: Path) -> None:
 
 
 def collect(args, points, tasks, run_missing: bool) -> dict:
+    """Every model's record, kept ones read from ``--keep``; with ``run_missing`` the others are
+    trained and measured (and kept), else skipped. The warm start is measured at ``--before-seeds``."""
     results: dict[str, list[dict]] = {"before": [], **{arm: [] for arm in ARMS}}
-    out = Path(args.out)
+    keep = Path(args.keep)
+    before_seeds = args.seeds if args.before_seeds is None else args.before_seeds
+    for name in (f"{n}_seed{s}" for n in ("before", *ARMS) for s in args.seeds):
+        kept(args, name)  # every kept record is checked before any work starts
     for seed in args.seeds:
-        if run_missing or (out / "before" / f"measure_seed{seed}.json").exists():
-            results["before"].append(measure("tiny", "before", seed, points, tasks, args, None))
-        for arm in args.arms:
-            run = out / f"{arm}_seed{seed}"
-            if not run_missing and not (run / f"measure_seed{seed}.json").exists():
-                continue
-            train(arm, seed, args)
-            row = measure(f"vllm:{run}", f"{arm}_seed{seed}", seed, points, tasks, args, arm)  # the engine of "tiny"
-            results[arm].append(row | training_stats(run))
+        units = [("before", None)] if seed in before_seeds else []
+        for name, arm in units + [(arm, arm) for arm in args.arms]:
+            record = kept(args, f"{name}_seed{seed}")
+            if record is None and run_missing:
+                if arm is None:
+                    row = measure("tiny", "before", seed, points, tasks, args, None)
+                else:
+                    run = train(arm, seed, args)
+                    row = measure(f"vllm:{run}", f"{arm}_seed{seed}", seed, points, tasks, args, arm) | training_stats(run)
+                record = {"settings": settings(args), "seed": seed} | row  # the engine of "tiny"
+                write_json(keep / f"{name}_seed{seed}.json", record)
+            if record is not None:
+                results[name].append(record)
+    if not run_missing:  # the report also shows what another process has kept
+        for name in ("before", *ARMS):
+            have = {r["seed"] for r in results[name]}
+            results[name] += [r for s in args.seeds if s not in have and (r := kept(args, f"{name}_seed{s}"))]
     return results
 
 
@@ -223,12 +284,17 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--updates", type=int, default=30, help="updates per arm and seed")
+    parser.add_argument("--ratio", default="8:1:1", help="SERA's execution:delegation:rubric_generation updates (w/o RT drops the third)")
+    parser.add_argument("--difficulties", nargs="+", default=None, help="training task levels (default: the config's, easy and medium)")
+    parser.add_argument("--before-seeds", type=int, nargs="*", default=None,
+                        help="seeds at which the warm start is measured (default: --seeds; none: another process measures it)")
     parser.add_argument("--points-tasks", type=int, default=24, help="medium val tasks whose mixed groups are the held-out points")
     parser.add_argument("--eval-tasks", type=int, default=100, help="val tasks evaluated at temperature 0 (split evenly over --eval-levels)")
     parser.add_argument("--eval-levels", nargs="+", default=["easy", "medium"], help="difficulties of the evaluated val tasks")
     parser.add_argument("--eval-max-new-tokens", type=int, default=256,
                         help="per-turn completion cap in the evaluation (the contract's is 512; the tiny configs train at 256)")
     parser.add_argument("--out", default="runs/tiny_experiment")
+    parser.add_argument("--keep", default="figures/tiny_experiment", help="folder of the finished models' records (committed)")
     parser.add_argument("--report", action="store_true", help="only write the table and figure from what is done")
     parser.add_argument("--figures", default=None, help="also copy the figure into this folder (e.g. figures)")
     args = parser.parse_args()
@@ -237,14 +303,14 @@ def main() -> None:
     print(f"{len(points)} held-out points, {len(tasks)} eval tasks", flush=True)
     results = collect(args, points, tasks, run_missing=not args.report)
     table = report(results)
-    write_json(out / "results.json", {"arms": {a: ARMS[a][1] or "execution:1" for a in ARMS}, "updates": args.updates,
-                                      "eval_levels": args.eval_levels,
-                                      "seeds": args.seeds, "points": len(points), "eval_tasks": len(tasks),
-                                      "results": results})
+    write_json(out / "results.json", {"arms": {a: schedule(a, args.ratio) or "execution:1" for a in ARMS},
+                                      "settings": settings(args), "seeds": args.seeds, "points": len(points),
+                                      "eval_tasks": len(tasks), "results": results})
     (out / "table.md").write_text(table + "\n")
     figure(results, out / "tiny_experiment.png")
     if args.figures:
         shutil.copy(out / "tiny_experiment.png", Path(args.figures) / "tiny_experiment.png")
+        shutil.copy(out / "table.md", Path(args.figures) / "tiny_experiment.md")
     print(table)
 
 

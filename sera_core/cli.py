@@ -238,7 +238,7 @@ def cmd_tiny(args: argparse.Namespace) -> dict[str, Any]:
     if args.action == "build":
         recipe = SMALL_WARMSTART if args.small else WarmStartRecipe()
         recipe = replace(recipe, demos=replace(recipe.demos, perturb=args.perturb, explain=args.explain,
-                                               oversample=args.oversample))
+                                               oversample=args.oversample, textworld_easy=args.textworld_easy))
         out = args.out or Path.home() / ".cache" / "sera" / "embedded" / recipe.config_hash()
         manifest = build_adapter(recipe, out, progress=True)
         return {"action": "build", "out": str(out), "recipe_hash": manifest["recipe_hash"],
@@ -438,6 +438,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(DemoConfig.explain; off: the shipped recipe)")
     p.add_argument("--oversample", type=int, default=1,
                    help="build: repeat samples that delegate or score a failed child this many times (1: the shipped recipe)")
+    p.add_argument("--textworld-easy", type=int, default=0,
+                   help="build: easy 2-dish TextWorld demonstrations from train-fold foods (DemoConfig.textworld_easy; "
+                        "0: the shipped recipe)")
     p.add_argument("--out", type=Path,
                    help="build: output folder (default ~/.cache/sera/embedded/<recipe hash>); measure: the adapter "
                         "folder (default: the shipped one)")

@@ -221,3 +221,38 @@ def test_shipped_model_matches_its_recipe_and_loads():
     prompt = policy.chat_prompt([{"role": "user", "content": "Craft the following items: 1x a1_i2"}])
     out = policy.generate([prompt], SamplingParams(temperature=0, max_new_tokens=8))[0]
     assert len(out.token_ids) >= 1 and all(lp <= 0 for lp in out.logprobs)
+
+
+def test_easy_textworld_demonstrations_come_from_train_fold_foods_and_show_one_child_per_dish(tokenizer):
+    from sera_core.envs.textworld import tasks as world_tasks
+    from sera_core.envs.textworld.data import load_foods
+
+    cfg = world_tasks.TaskConfig()
+    easy = world_tasks.train_fold_tasks("easy", 9)
+    assert [t["task_family"] for t in easy] == [f for f, k in zip(world_tasks.FAMILIES, (2, 2, 1, 1, 1, 1, 1)) for _ in range(k)]
+    assert {t["difficulty"] for t in easy} == {"easy"} and {len(t["dishes"]) for t in easy} == {2}
+    foods = load_foods()
+    entries = [e for t in easy for d in t["dishes"] for e in d["recipe"]]
+    assert entries and all(tuple(e["preparation"]) in foods[e["name"]].preparations["train"] for e in entries)
+    # new tasks: no split holds their seeds; for a level the train split holds, its own first records
+    used = {world_tasks.seed_for(s, f, d, i, cfg) for s in ("train", "dev", "test")
+            for (d, f), n in world_tasks.cell_counts(s, cfg).items() for i in range(n)}
+    assert not {t["seed"] for t in easy} & used and len({t["task_id"] for t in easy}) == 9
+    split = world_tasks.generate_split("train")
+    firsts = [next(r for r in split if r["task_family"] == f and r["difficulty"] == "medium") for f in world_tasks.FAMILIES]
+    assert world_tasks.train_fold_tasks("medium", 7) == firsts
+    with pytest.raises(ValueError, match="at most 200 tasks per family"):
+        world_tasks.train_fold_tasks("easy", 7 * 200 + 1)
+    # in the warm start: after the train split's records, one per family first; off by default (the shipped hash holds)
+    demo = DemoConfig(textcraft_worlds=0, textworld_tasks=2, textworld_easy=3, noisy_every=99)
+    got = BENCHMARKS["textworld"].demo_tasks(demo)
+    assert got[2:] == [easy[0], easy[2], easy[4]] and [t["difficulty"] for t in got[:2]] != ["easy", "easy"]
+    assert len(BENCHMARKS["textworld"].demo_tasks(DemoConfig(textworld_tasks=2))) == 2
+    from sera_core.tiny.warmstart import WarmStartRecipe
+
+    assert "textworld_easy" not in WarmStartRecipe().to_json()["demos"]
+    # the expert's root delegates one sub-agent per dish, and the tree is solved
+    for rollout in play("textworld", got[2:], tokenizer, demo):
+        root = rollout.tree.root
+        assert len(root.children) == 2 and rollout.tree.root_reward == 1.0
+        assert any("launch" in t.roles for t in root.turns)

@@ -52,6 +52,11 @@ class DemoConfig:
     """Seed of the first training world (the val world is seed 0: never trained on)."""
     textworld_tasks: int = 150
     """TextWorld tasks from the train split (train-fold foods), spread over its order."""
+    textworld_easy: int = field(default=0, metadata={"hashed_when_set": True})
+    """Easy 2-dish TextWorld tasks from train-fold foods, spread over the 7 families
+    (:func:`~sera_core.envs.textworld.tasks.train_fold_tasks`). The train split holds only medium,
+    hard and extreme tasks, so without them the warm start never sees the expert's root delegate
+    one sub-agent per dish on the 2-dish tasks that easy evaluation asks for. 0: none (the shipped recipe)."""
     noisy_every: int = 3
     """Every n-th task is played by the noisy expert with counterfactual groups of 4."""
     seed: int = 0
@@ -79,8 +84,8 @@ class DemoConfig:
     all). 1: none."""
 
     def __post_init__(self) -> None:
-        if self.textcraft_worlds < 0 or self.textworld_tasks < 0 or self.noisy_every < 1 or self.copy_drills < 0:
-            raise UserInputError("textcraft_worlds, textworld_tasks, copy_drills >= 0 and noisy_every >= 1 "
+        if min(self.textcraft_worlds, self.textworld_tasks, self.textworld_easy, self.copy_drills) < 0 or self.noisy_every < 1:
+            raise UserInputError("textcraft_worlds, textworld_tasks, textworld_easy, copy_drills >= 0 and noisy_every >= 1 "
                                  "are required")
         if self.oversample < 1:
             raise UserInputError("oversample is a repeat count >= 1")

@@ -91,12 +91,15 @@ class TextWorldBenchmark:
     @staticmethod
     def demo_tasks(cfg: Any) -> list[dict]:
         """The warm start's demonstration tasks (``cfg``: a :class:`~sera_core.tiny.demos.DemoConfig`):
-        ``textworld_tasks`` records spread evenly over the train split (train-fold foods)."""
-        if cfg.textworld_tasks == 0:
-            return []
-        split = world_tasks.generate_split("train")
-        step = max(1, len(split) // cfg.textworld_tasks)
-        return split[::step][: cfg.textworld_tasks]
+        ``textworld_tasks`` records spread evenly over the train split (train-fold foods), then
+        ``textworld_easy`` easy 2-dish tasks from the same foods (:func:`~sera_core.envs.textworld.tasks.train_fold_tasks`:
+        the train split holds no easy task)."""
+        tasks = []
+        if cfg.textworld_tasks:
+            split = world_tasks.generate_split("train")
+            step = max(1, len(split) // cfg.textworld_tasks)
+            tasks = split[::step][: cfg.textworld_tasks]
+        return tasks + world_tasks.train_fold_tasks("easy", cfg.textworld_easy)
 
     export_world = None
     """No world of its own to export (``sera world``): each task builds its kitchen."""

@@ -618,6 +618,26 @@ def generate_split(split: str, cfg: TaskConfig | None = None, *, progress: bool 
     ]
 
 
+def train_fold_tasks(difficulty: str, n: int, cfg: TaskConfig | None = None) -> list[dict]:
+    """``n`` tasks of ``difficulty`` drawn as the train split's cells are: train-fold foods, the
+    train seed ``seed_for("train", family, difficulty, i)``, spread over the families in order
+    (``_spread``), family by family.
+
+    For a difficulty the train split holds, these are the first records of its cells. For easy,
+    which it does not hold (official: medium 900, hard 150, extreme 450), they are new 2-dish
+    tasks whose seeds (``train_seed_start + 200 f + i``) no split uses: the warm start's easy
+    TextWorld demonstrations (:class:`~sera_core.tiny.demos.DemoConfig` ``textworld_easy``),
+    never evaluated on (the test fold's foods are apart)."""
+    cfg = cfg or TaskConfig()
+    if difficulty not in DIFFICULTIES or n < 0:
+        raise ValueError(f"difficulty must be one of {list(DIFFICULTIES)} and n >= 0, not {difficulty!r}, {n}")
+    counts = _spread(n, len(FAMILIES))
+    if max(counts) > cfg.train_dev_family_stride:
+        raise ValueError(f"at most {cfg.train_dev_family_stride} tasks per family: their seeds would reach the next family's")
+    return [make_task("train", f, difficulty, i, seed_for("train", f, difficulty, i, cfg), cfg)
+            for f, k in zip(FAMILIES, counts, strict=True) for i in range(k)]
+
+
 def split_stats(records: list[dict]) -> dict:
     """``{"tasks": n, "by_difficulty": {...}, "by_family": {...}}`` in the official orders."""
     by_difficulty = Counter(r["difficulty"] for r in records)

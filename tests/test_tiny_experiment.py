@@ -1,0 +1,63 @@
+"""scripts/tiny_experiment.py's bookkeeping: the arms' schedules, the committed records that let
+the ablation continue on a fresh machine, and the table (no model runs here: the experiment
+itself takes hours, docs/measurements.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import runpy
+from pathlib import Path
+
+import pytest
+
+SCRIPT = runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "tiny_experiment.py"))
+
+
+def args_for(tmp_path: Path, **overrides) -> argparse.Namespace:
+    values = {"seeds": [0, 1, 2], "arms": ["sera", "sera_wo_rt"], "updates": 4, "ratio": "2:1:1", "difficulties": ["easy"],
+              "before_seeds": [0], "points_tasks": 24, "eval_tasks": 50, "eval_levels": ["easy"], "eval_max_new_tokens": 256,
+              "out": str(tmp_path / "runs"), "keep": str(tmp_path / "keep")}
+    return argparse.Namespace(**(values | overrides))
+
+
+def record(args, seed: int, accuracy: float, success: float, tokens: dict | None = None) -> dict:
+    row = {"settings": SCRIPT["settings"](args), "seed": seed, "points": {"pairwise_accuracy": accuracy, "ranking_loss": 0.2},
+           "root_success": success, "by_difficulty": {"easy": 100 * success}}
+    if tokens is not None:
+        row |= {"tokens_by_stage": tokens, "mixed_group_share": 0.5, "delegations_per_tree": 1.0}
+    return row
+
+
+def test_the_arms_share_a_budget_and_only_sera_trains_rubrics():
+    schedule = SCRIPT["schedule"]
+    assert schedule("sera", "2:1:1") == "execution:2,delegation:1,rubric_generation:1"
+    assert schedule("sera_wo_rt", "2:1:1") == "execution:2,delegation:1"
+    assert schedule("sera", "8:0:1") == "execution:8,rubric_generation:1"
+    assert schedule("rao", "2:1:1") is None  # RAO's config has its one stage
+
+
+def test_kept_records_make_the_table_and_other_settings_stop_before_any_work(tmp_path):
+    args = args_for(tmp_path)
+    keep = Path(args.keep)
+    keep.mkdir()
+    rows = {"before_seed0": record(args, 0, 0.5, 0.30),
+            "sera_seed0": record(args, 0, 0.5, 0.20, {"execution": 100, "rubric_generation": 30}),
+            "sera_seed1": record(args, 1, 0.6, 0.30, {"execution": 300, "rubric_generation": 10}),
+            "sera_wo_rt_seed2": record(args, 2, 0.5, 0.25, {"execution": 50, "delegation": 7})}
+    for name, row in rows.items():
+        (keep / f"{name}.json").write_text(json.dumps(row))
+    results = SCRIPT["collect"](args, [], [], run_missing=False)  # reads the kept records, runs nothing
+    assert [r["seed"] for r in results["sera"]] == [0, 1] and [r["seed"] for r in results["sera_wo_rt"]] == [2]
+    assert len(results["before"]) == 1 and results["rao"] == []
+    lines = SCRIPT["report"](results).splitlines()
+    sera = next(line for line in lines if line.startswith("| SERA |"))
+    # mean ± sample std over seeds; medium was not evaluated; tokens per stage averaged over seeds
+    assert "| 2 | 0.550 ± 0.071 |" in sera and "| 0.250 ± 0.071 | 0.250 ± 0.071 | - | 200 / 0 / 20 |" in sera
+    assert "| SERA w/o RT | 1 | 0.500 |" in "\n".join(lines)
+    # a record made with another budget is never mixed into the table
+    stale = record(args_for(tmp_path, updates=10), 1, 0.9, 0.9, {"execution": 1})
+    (keep / "sera_wo_rt_seed1.json").write_text(json.dumps(stale))
+    with pytest.raises(SystemExit, match="'updates': 10"):
+        SCRIPT["collect"](args, [], [], run_missing=True)
+    assert not Path(args.out).exists()  # stopped before any work
