@@ -39,8 +39,13 @@ any work. Two processes may share the work (``--arms sera`` beside ``--arms sera
 (mean ± standard deviation over seeds), ``OUT/results.json`` and the
 figure ``OUT/tiny_experiment.png`` (``--figures DIR`` copies it there) from what is done.
 
-Run in the background (hours on 2 cores; see docs/measurements.md "The tiny experiment"):
-``nohup .venv/bin/python scripts/tiny_experiment.py --out runs/tiny_experiment > runs/tiny_experiment.log 2>&1 &``.
+Run in the background, one process a core (hours; see docs/measurements.md "The tiny experiment"
+for the settings of the table in the README)::
+
+    S="--updates 4 --ratio 2:1:1 --difficulties easy --eval-tasks 50 --eval-levels easy"
+    OMP_NUM_THREADS=1 nohup .venv/bin/python scripts/tiny_experiment.py $S --arms sera --before-seeds 0 > runs/sera.log 2>&1 &
+    OMP_NUM_THREADS=1 nohup .venv/bin/python scripts/tiny_experiment.py $S --arms sera_wo_rt --before-seeds > runs/wo.log 2>&1 &
+    .venv/bin/python scripts/tiny_experiment.py $S --before-seeds 0 --report --figures figures
 """
 
 from __future__ import annotations
@@ -198,8 +203,8 @@ def level(rows: list[dict], difficulty: str) -> str:
 def report(results: dict) -> str:
     """The Markdown table of ``results`` (one row per model; mean ± std over seeds)."""
     lines = ["| model | seeds | pairwise accuracy (held-out points) | ranking loss | root success (val) | easy | medium "
-             "| tokens trained (exec / deleg / rubric) | mixed groups | delegations / tree |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| tokens trained (exec / deleg / rubric) | mixed groups | delegations / tree | minutes: training / measures |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, rows in results.items():
         if not rows:
             continue
@@ -207,11 +212,15 @@ def report(results: dict) -> str:
         if any("tokens_by_stage" in r for r in rows):
             by = [r.get("tokens_by_stage", {}) for r in rows]
             tokens = " / ".join(f"{fmean([b.get(s, 0) for b in by]):,.0f}" for s in ("execution", "delegation", "rubric_generation"))
+        trained = [r["seconds_per_update"] * len(r["curve_tokens"]) / 60 for r in rows if "curve_tokens" in r]
+        minutes = f"{fmean(trained):.0f}" if trained else "-"
+        minutes += f" / {fmean([r['seconds'] / 60 for r in rows]):.0f}"
         lines.append(
             f"| {LABELS[name]} | {len(rows)} | {spread([r['points']['pairwise_accuracy'] for r in rows])} | "
             f"{spread([r['points']['ranking_loss'] for r in rows])} | {spread([r['root_success'] for r in rows])} | "
             f"{level(rows, 'easy')} | {level(rows, 'medium')} | {tokens} | "
-            f"{spread([r.get('mixed_group_share') for r in rows])} | {spread([r.get('delegations_per_tree') for r in rows])} |")
+            f"{spread([r.get('mixed_group_share') for r in rows])} | {spread([r.get('delegations_per_tree') for r in rows])} "
+            f"| {minutes} |")
     return "\n".join(lines)
 
 

@@ -23,9 +23,10 @@ def args_for(tmp_path: Path, **overrides) -> argparse.Namespace:
 
 def record(args, seed: int, accuracy: float, success: float, tokens: dict | None = None) -> dict:
     row = {"settings": SCRIPT["settings"](args), "seed": seed, "points": {"pairwise_accuracy": accuracy, "ranking_loss": 0.2},
-           "root_success": success, "by_difficulty": {"easy": 100 * success}}
+           "root_success": success, "by_difficulty": {"easy": 100 * success}, "seconds": 1200.0}
     if tokens is not None:
-        row |= {"tokens_by_stage": tokens, "mixed_group_share": 0.5, "delegations_per_tree": 1.0}
+        row |= {"tokens_by_stage": tokens, "mixed_group_share": 0.5, "delegations_per_tree": 1.0,
+                "seconds_per_update": 300.0, "curve_tokens": [1, 2, 3, 4]}
     return row
 
 
@@ -54,7 +55,8 @@ def test_kept_records_make_the_table_and_other_settings_stop_before_any_work(tmp
     sera = next(line for line in lines if line.startswith("| SERA |"))
     # mean ± sample std over seeds; medium was not evaluated; tokens per stage averaged over seeds
     assert "| 2 | 0.550 ± 0.071 |" in sera and "| 0.250 ± 0.071 | 0.250 ± 0.071 | - | 200 / 0 / 20 |" in sera
-    assert "| SERA w/o RT | 1 | 0.500 |" in "\n".join(lines)
+    assert "| SERA w/o RT | 1 | 0.500 |" in "\n".join(lines) and sera.endswith("| 20 / 20 |")  # 4 updates x 300 s; 1,200 s
+    assert next(line for line in lines if line.startswith("| warm start")).endswith("| - | - | - / 20 |")
     # a record made with another budget is never mixed into the table
     stale = record(args_for(tmp_path, updates=10), 1, 0.9, 0.9, {"execution": 1})
     (keep / "sera_wo_rt_seed1.json").write_text(json.dumps(stale))
