@@ -27,8 +27,9 @@ Before and after training, on held-out material:
 * from each run's ``metrics.csv``: tokens trained per stage, the share of counterfactual
   groups that were mixed, delegations per tree, and the curves.
 
-Each unit of work (a run's training, a model's measurement) writes its result file when it
-ends and is skipped when that file exists; training and evaluation resume inside a unit, so
+Each model (one unit: its training and its measurement) runs in a fresh process
+(:func:`isolated`). Each part of a unit (a run's training, a model's measurement) writes its
+result file when it ends and is skipped when that file exists; training and evaluation resume inside a unit, so
 the script can be killed and restarted at any point. A finished model's record (its measures
 and training statistics, a few KB) is also written to ``--keep`` (``figures/tiny_experiment/``,
 committed), so that the experiment continues on a fresh machine, where ``runs/`` is gone, from
@@ -259,11 +260,42 @@ def figure(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def collect(args, points, tasks, run_missing: bool) -> dict:
+def unit(args, name: str, arm: str | None, seed: int) -> None:
+    """One unit of the experiment: train ``arm`` (None: the warm start, untrained) at ``seed``,
+    measure the model, keep its record in ``--keep``."""
+    points, tasks = held_out(args)
+    if arm is None:
+        row = measure("tiny", name, seed, points, tasks, args, None)  # the engine of "tiny"
+    else:
+        run = train(arm, seed, args)
+        row = measure(f"vllm:{run}", f"{arm}_seed{seed}", seed, points, tasks, args, arm) | training_stats(run)
+    write_json(Path(args.keep) / f"{name}_seed{seed}.json", {"settings": settings(args), "seed": seed} | row)
+
+
+def isolated(fn, *fn_args) -> None:
+    """``fn(*fn_args)`` in a fresh (spawned) process, waited for; SystemExit if it failed.
+
+    Each unit gets its own process, so its engines and sandboxes start from a clean slate.
+    Why (2026-12-03): with every unit of an arm in one process, 3 of the 5 trainings that
+    followed another unit's measurement in that process played every tree in about a second,
+    generated no token and trained nothing, while the same units in fresh processes trained normally; the
+    cause was not found (a one-update replay of that order in one process did not repeat it).
+    The trainer now stops such an update loudly (``RolloutsFailed``), and units no longer share
+    a process."""
+    import multiprocessing
+
+    process = multiprocessing.get_context("spawn").Process(target=fn, args=fn_args)
+    process.start()
+    process.join()
+    if process.exitcode != 0:
+        raise SystemExit(f"{fn.__name__}{fn_args[1:]} failed (exit code {process.exitcode}); "
+                         "run the script again to resume it")
+
+
+def collect(args, run_missing: bool) -> dict:
     """Every model's record, kept ones read from ``--keep``; with ``run_missing`` the others are
     trained and measured (and kept), else skipped. The warm start is measured at ``--before-seeds``."""
     results: dict[str, list[dict]] = {"before": [], **{arm: [] for arm in ARMS}}
-    keep = Path(args.keep)
     before_seeds = args.seeds if args.before_seeds is None else args.before_seeds
     for name in (f"{n}_seed{s}" for n in ("before", *ARMS) for s in args.seeds):
         kept(args, name)  # every kept record is checked before any work starts
@@ -272,13 +304,8 @@ def collect(args, points, tasks, run_missing: bool) -> dict:
         for name, arm in units + [(arm, arm) for arm in args.arms]:
             record = kept(args, f"{name}_seed{seed}")
             if record is None and run_missing:
-                if arm is None:
-                    row = measure("tiny", "before", seed, points, tasks, args, None)
-                else:
-                    run = train(arm, seed, args)
-                    row = measure(f"vllm:{run}", f"{arm}_seed{seed}", seed, points, tasks, args, arm) | training_stats(run)
-                record = {"settings": settings(args), "seed": seed} | row  # the engine of "tiny"
-                write_json(keep / f"{name}_seed{seed}.json", record)
+                isolated(unit, args, name, arm, seed)
+                record = kept(args, f"{name}_seed{seed}")
             if record is not None:
                 results[name].append(record)
     if not run_missing:  # the report also shows what another process has kept
@@ -310,7 +337,7 @@ def main() -> None:
     out = Path(args.out)
     points, tasks = held_out(args)
     print(f"{len(points)} held-out points, {len(tasks)} eval tasks", flush=True)
-    results = collect(args, points, tasks, run_missing=not args.report)
+    results = collect(args, run_missing=not args.report)
     table = report(results)
     write_json(out / "results.json", {"arms": {a: schedule(a, args.ratio) or "execution:1" for a in ARMS},
                                       "settings": settings(args), "seeds": args.seeds, "points": len(points),

@@ -48,7 +48,7 @@ def test_kept_records_make_the_table_and_other_settings_stop_before_any_work(tmp
             "sera_wo_rt_seed2": record(args, 2, 0.5, 0.25, {"execution": 50, "delegation": 7})}
     for name, row in rows.items():
         (keep / f"{name}.json").write_text(json.dumps(row))
-    results = SCRIPT["collect"](args, [], [], run_missing=False)  # reads the kept records, runs nothing
+    results = SCRIPT["collect"](args, run_missing=False)  # reads the kept records, runs nothing
     assert [r["seed"] for r in results["sera"]] == [0, 1] and [r["seed"] for r in results["sera_wo_rt"]] == [2]
     assert len(results["before"]) == 1 and results["rao"] == []
     lines = SCRIPT["report"](results).splitlines()
@@ -61,5 +61,15 @@ def test_kept_records_make_the_table_and_other_settings_stop_before_any_work(tmp
     stale = record(args_for(tmp_path, updates=10), 1, 0.9, 0.9, {"execution": 1})
     (keep / "sera_wo_rt_seed1.json").write_text(json.dumps(stale))
     with pytest.raises(SystemExit, match="'updates': 10"):
-        SCRIPT["collect"](args, [], [], run_missing=True)
+        SCRIPT["collect"](args, run_missing=True)
     assert not Path(args.out).exists()  # stopped before any work
+
+
+def test_a_unit_runs_in_its_own_process_and_its_failure_stops_the_script():
+    """Each model's unit runs in a fresh spawned process (the script's ``isolated``): its exit
+    code reaches the parent, a failure as SystemExit naming it."""
+    import sys
+
+    SCRIPT["isolated"](sys.exit, 0)
+    with pytest.raises(SystemExit, match=r"exit.* failed \(exit code 3\); run the script again"):
+        SCRIPT["isolated"](sys.exit, 3)

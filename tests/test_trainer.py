@@ -216,3 +216,22 @@ def test_judge_calls_count_only_what_the_method_asks_for(tmp_path, method):
     else:
         assert row["judge_calls"] == 0
     assert row["judge_tokens"] == 0  # program checks spend no tokens
+
+
+def test_an_update_where_every_rollout_raised_stops_the_run():
+    """A systemic failure (every tree raised: a dead engine, a broken sandbox) stops the run
+    before its update, naming the first error; some failed trees are outcomes and pass."""
+    from sera_core.agents.runtime import Rollout
+    from sera_core.agents.tree import Tree
+    from sera_core.train.trainer import RolloutsFailed, refuse_all_failed
+
+    def rollout(k: int, error: str | None) -> Rollout:
+        tree = Tree.new(f"t/{k}", "textcraft", "t", "craft a stick")
+        if error is not None:
+            tree.meta["error"] = error
+        return Rollout(tree)
+
+    refuse_all_failed([rollout(0, "RuntimeError: boom"), rollout(1, None)], 3)
+    refuse_all_failed([], 3)
+    with pytest.raises(RolloutsFailed, match=r"update 3: all 2 rollouts raised.*first: RuntimeError: boom"):
+        refuse_all_failed([rollout(0, "RuntimeError: boom"), rollout(1, "ValueError: x")], 3)

@@ -86,7 +86,7 @@ from sera_core.utils.folders import sha256_file, swap_in
 from sera_core.utils.seeding import derive_seed
 
 METRICS = (
-    "version", "stage", "cycle", "tasks", "trees", "root_success", "agents", "delegations",
+    "version", "stage", "cycle", "tasks", "trees", "errors", "root_success", "agents", "delegations",
     "rubric_validity", "score_validity", "groups", "groups_valid", "ranking_loss", "pairwise_accuracy",
     "datums", "datums_filtered", "reward_mean", "advantage_mean", "advantage_std",
     "loss", "grad_norm", "clip_fraction_low", "clip_fraction_high", "ratio_mean", "tokens_trained",
@@ -279,6 +279,7 @@ class Trainer:
         spent = self._supervision()
         rollouts = self.play(stage, v, timed)
         self._count_supervision(spent)
+        refuse_all_failed(rollouts, v)
         t_rollout = time.perf_counter() - t0
         adv, filtered, stats, grad_norm = self.train_on(stage, rollouts)
         t_update = time.perf_counter() - t0 - t_rollout
@@ -355,7 +356,7 @@ class Trainer:
         self.counters["tokens_trained"] += int(stats["tokens"])
         return {
             "version": v, "stage": stage.name, "cycle": stage.cycle, "tasks": len({r.tree.task_id for r in rollouts}),
-            "trees": summary["trees"], "root_success": summary["root_success_rate"], "agents": summary["agents"],
+            "trees": summary["trees"], "errors": summary["errors"], "root_success": summary["root_success_rate"], "agents": summary["agents"],
             "delegations": summary["delegations"], "rubric_validity": summary["rubrics"]["validity"],
             "score_validity": round(summary["scores"]["scored"] / calls, 4) if calls else None,
             "groups": summary["groups"]["total"], "groups_valid": summary["groups"]["valid"],
@@ -493,6 +494,22 @@ class Trainer:
         load_optimizer_state(model, self.optimizer, path / "optimizer.pt")
         self.updates_done, self.counters = state["version"], self.counters | state["counters"]
         self._sync_policy()  # the next rollouts sample from the loaded weights, not the initial ones
+
+
+class RolloutsFailed(RuntimeError):
+    """Every tree of an update raised: the cause is the system (an engine, a sandbox), not
+    the policy, and an update on nothing would be recorded as a run that learned nothing."""
+
+
+def refuse_all_failed(rollouts: list[Rollout], version: int) -> None:
+    """Raise :class:`RolloutsFailed` when every rollout of update ``version`` raised (an
+    error recorded in ``tree.meta["error"]``), naming the first error; before the update, so
+    the last checkpoint stays the run's and ``--resume`` continues once the cause is fixed.
+    Some failed trees are outcomes (counted in the ``errors`` column); all of them is a fault."""
+    errors = [r.tree.meta["error"] for r in rollouts if "error" in r.tree.meta]
+    if rollouts and len(errors) == len(rollouts):
+        raise RolloutsFailed(f"update {version}: all {len(rollouts)} rollouts raised, nothing to train on "
+                             f"(first: {errors[0]}); the last checkpoint is kept, --resume continues after a fix")
 
 
 def keep_rows(path: Path, columns: tuple[str, ...], *, before: int) -> list[dict]:
