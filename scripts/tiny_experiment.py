@@ -40,6 +40,10 @@ any work. Two processes may share the work (``--arms sera`` beside ``--arms sera
 (mean ± standard deviation over seeds), ``OUT/results.json`` and the
 figure ``OUT/tiny_experiment.png`` (``--figures DIR`` copies it there) from what is done.
 
+``--warm-start vllm:FOLDER --arms`` (no arm) measures another adapter (a rebuilt warm start)
+on the same held-out sets, for docs/embedded.md's rule on which adapter ships; give it its own
+``--out`` (copy ``OUT/points.jsonl`` there to skip rebuilding the points) and ``--keep``.
+
 Run in the background, one process a core (hours; see docs/measurements.md "The tiny experiment"
 for the settings of the table in the README)::
 
@@ -80,10 +84,11 @@ def schedule(arm: str, ratio: str) -> str | None:
 
 
 def settings(args) -> dict:
-    """What a kept record must match to be reused: the training budget and the held-out sets."""
+    """What a kept record must match to be reused: the training budget, the held-out sets and,
+    when it is not the shipped adapter, the measured warm start."""
     return {"updates": args.updates, "ratio": args.ratio, "difficulties": args.difficulties,
             "points_tasks": args.points_tasks, "eval_tasks": args.eval_tasks, "eval_levels": list(args.eval_levels),
-            "eval_max_new_tokens": args.eval_max_new_tokens}
+            "eval_max_new_tokens": args.eval_max_new_tokens} | ({"warm_start": args.warm_start} if args.warm_start != "tiny" else {})
 
 
 def kept(args, name: str) -> dict | None:
@@ -265,7 +270,7 @@ def unit(args, name: str, arm: str | None, seed: int) -> None:
     measure the model, keep its record in ``--keep``."""
     points, tasks = held_out(args)
     if arm is None:
-        row = measure("tiny", name, seed, points, tasks, args, None)  # the engine of "tiny"
+        row = measure(args.warm_start, name, seed, points, tasks, args, None)
     else:
         run = train(arm, seed, args)
         row = measure(f"vllm:{run}", f"{arm}_seed{seed}", seed, points, tasks, args, arm) | training_stats(run)
@@ -318,7 +323,12 @@ def collect(args, run_missing: bool) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--arms", nargs="*", default=list(ARMS), choices=list(ARMS),
+                        help="arms to train (none: only the warm start is measured)")
+    parser.add_argument("--warm-start", default="tiny",
+                        help="the policy measured as the warm start (default tiny: the shipped adapter on vLLM; "
+                             "vllm:FOLDER measures another adapter on the same held-out sets, with its own --out "
+                             "and --keep and no --arms: the arms train from the configs' model, the shipped one)")
     parser.add_argument("--updates", type=int, default=30, help="updates per arm and seed")
     parser.add_argument("--ratio", default="8:1:1", help="SERA's execution:delegation:rubric_generation updates (w/o RT drops the third)")
     parser.add_argument("--difficulties", nargs="+", default=None, help="training task levels (default: the config's, easy and medium)")
@@ -334,6 +344,8 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="only write the table and figure from what is done")
     parser.add_argument("--figures", default=None, help="also copy the figure into this folder (e.g. figures)")
     args = parser.parse_args()
+    if args.warm_start != "tiny" and args.arms:
+        parser.error("--warm-start measures another adapter only: pass --arms with no arm (the arms train from the shipped one)")
     out = Path(args.out)
     points, tasks = held_out(args)
     print(f"{len(points)} held-out points, {len(tasks)} eval tasks", flush=True)

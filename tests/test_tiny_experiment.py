@@ -17,7 +17,7 @@ SCRIPT = runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "t
 def args_for(tmp_path: Path, **overrides) -> argparse.Namespace:
     values = {"seeds": [0, 1, 2], "arms": ["sera", "sera_wo_rt"], "updates": 4, "ratio": "2:1:1", "difficulties": ["easy"],
               "before_seeds": [0], "points_tasks": 24, "eval_tasks": 50, "eval_levels": ["easy"], "eval_max_new_tokens": 256,
-              "out": str(tmp_path / "runs"), "keep": str(tmp_path / "keep")}
+              "out": str(tmp_path / "runs"), "keep": str(tmp_path / "keep"), "warm_start": "tiny"}
     return argparse.Namespace(**(values | overrides))
 
 
@@ -63,6 +63,21 @@ def test_kept_records_make_the_table_and_other_settings_stop_before_any_work(tmp
     with pytest.raises(SystemExit, match="'updates': 10"):
         SCRIPT["collect"](args, run_missing=True)
     assert not Path(args.out).exists()  # stopped before any work
+
+
+def test_another_warm_start_is_measured_apart_from_the_shipped_one(tmp_path, monkeypatch):
+    """``--warm-start`` names the measured adapter in its records' settings, so its measures never
+    mix with the shipped adapter's; with an arm to train it stops before any work."""
+    shipped, rebuilt = args_for(tmp_path), args_for(tmp_path, warm_start="vllm:/adapters/rebuilt")
+    assert "warm_start" not in SCRIPT["settings"](shipped)  # the records kept so far stay valid
+    Path(shipped.keep).mkdir()
+    (Path(shipped.keep) / "before_seed0.json").write_text(json.dumps(record(rebuilt, 0, 0.7, 0.4)))
+    with pytest.raises(SystemExit, match="vllm:/adapters/rebuilt"):
+        SCRIPT["collect"](shipped, run_missing=False)
+    monkeypatch.setattr("sys.argv", ["tiny_experiment.py", "--warm-start", "vllm:/x", "--arms", "sera", "--out", str(tmp_path / "o")])
+    with pytest.raises(SystemExit) as stop:
+        SCRIPT["main"]()
+    assert stop.value.code == 2 and not (tmp_path / "o").exists()
 
 
 def test_a_unit_runs_in_its_own_process_and_its_failure_stops_the_script():
