@@ -63,6 +63,7 @@ from pathlib import Path
 from statistics import fmean, stdev
 
 ARMS = {"sera": "textcraft/sera_tiny.yaml", "sera_wo_rt": "textcraft/sera_tiny.yaml", "rao": "textcraft/rao_tiny.yaml"}
+SHIPPED = "tiny"  # the policy spec of the shipped adapter, every arm's starting model
 LABELS = {"before": "warm start (no RL)", "sera": "SERA", "sera_wo_rt": "SERA w/o RT", "rao": "RAO"}
 
 
@@ -88,7 +89,7 @@ def settings(args) -> dict:
     when it is not the shipped adapter, the measured warm start."""
     return {"updates": args.updates, "ratio": args.ratio, "difficulties": args.difficulties,
             "points_tasks": args.points_tasks, "eval_tasks": args.eval_tasks, "eval_levels": list(args.eval_levels),
-            "eval_max_new_tokens": args.eval_max_new_tokens} | ({"warm_start": args.warm_start} if args.warm_start != "tiny" else {})
+            "eval_max_new_tokens": args.eval_max_new_tokens} | ({"warm_start": args.warm_start} if args.warm_start != SHIPPED else {})
 
 
 def kept(args, name: str) -> dict | None:
@@ -325,7 +326,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--arms", nargs="*", default=list(ARMS), choices=list(ARMS),
                         help="arms to train (none: only the warm start is measured)")
-    parser.add_argument("--warm-start", default="tiny",
+    parser.add_argument("--warm-start", default=SHIPPED,
                         help="the policy measured as the warm start (default tiny: the shipped adapter on vLLM; "
                              "vllm:FOLDER measures another adapter on the same held-out sets, with its own --out "
                              "and --keep and no --arms: the arms train from the configs' model, the shipped one)")
@@ -344,7 +345,7 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="only write the table and figure from what is done")
     parser.add_argument("--figures", default=None, help="also copy the figure into this folder (e.g. figures)")
     args = parser.parse_args()
-    if args.warm_start != "tiny" and args.arms:
+    if args.warm_start != SHIPPED and args.arms:
         parser.error("--warm-start measures another adapter only: pass --arms with no arm (the arms train from the shipped one)")
     out = Path(args.out)
     points, tasks = held_out(args)
