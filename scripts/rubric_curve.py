@@ -119,6 +119,8 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=6, help="measure the held-out points every this many updates")
     parser.add_argument("--score-calls", type=int, default=4, help="scoring calls trained per point (rubric_scorer)")
     parser.add_argument("--lr", type=float, default=None, help="learning rate (default: the config's)")
+    parser.add_argument("--config", default=RubricStageConfig.config,
+                        help="training config (model, engine, precision; default: the tiny CPU one, vLLM)")
     parser.add_argument("--out", default="runs/rubric_curve")
     parser.add_argument("--report", action="store_true", help="only write the table and figure from what is done")
     parser.add_argument("--figures", default=None, help="also copy the figure into this folder (e.g. figures)")
@@ -128,7 +130,7 @@ def main() -> None:
     if args.one:
         arm, seed = args.one[0], int(args.one[1])
         cfg = RubricStageConfig(arm=arm, seed=seed, updates=args.updates, points_per_update=args.points_per_update,
-                                eval_every=args.eval_every, score_calls=args.score_calls, lr=args.lr, points_dir=str(out), out=str(out / f"{arm}_seed{seed}"))
+                                eval_every=args.eval_every, score_calls=args.score_calls, lr=args.lr, config=args.config, points_dir=str(out), out=str(out / f"{arm}_seed{seed}"))
         RubricStage(cfg).run()
         return
     if not args.report:

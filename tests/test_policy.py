@@ -360,3 +360,25 @@ def test_sampling_follows_the_distribution_and_the_nucleus():
     drawn = {_sample(logits, nucleus, g) for _ in range(2_000)}
     assert drawn == {0, 1}  # p = .64, .24, .09, ...: the smallest set reaching 0.7 is the first two
     assert _sample(logits, SamplingParams(temperature=0.0, max_new_tokens=1), g) == 0
+
+
+def test_a_tokenizer_without_a_pad_token_pads_with_its_end_of_sequence_token(tmp_path):
+    """transformers 5.17 reads no pad token from the embedded base's GGUF file (5.19 does): a
+    folder whose tokenizer names none loads padding with its end-of-sequence token, and an update
+    over rows of different lengths (padded) runs, where ``pad_token_id=None`` failed on a GPU machine."""
+    import json
+
+    from sera_core.policy.models import load_model
+    from sera_core.train.update import TokenRow, loss_and_backward
+
+    path = build_tiny(tmp_path, TEXTS, vocab_size=400, cfg=TinyModelConfig(), seed=0)
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    del config["pad_token"]
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    model, tokenizer = load_model(path, trainable=True, device="cpu")
+    assert tokenizer.pad_token_id is not None and tokenizer.pad_token_id == tokenizer.eos_token_id
+    rows = [TokenRow((5, 6, 7, 8), (False, False, True, True), (0.0, 0.0, -1.0, -1.0), (0.0, 0.0, 1.0, 1.0)),
+            TokenRow((5, 9), (False, True), (0.0, -1.0), (0.0, -1.0))]
+    stats = loss_and_backward(model, rows, pad_id=tokenizer.pad_token_id, total_tokens=3, micro_batch_tokens=64)
+    assert stats["tokens"] == 3
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())

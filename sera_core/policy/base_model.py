@@ -91,7 +91,7 @@ def base_model_folder() -> Path:
 
 
     def write(tmp: Path) -> None:
-        tokenizer = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+        tokenizer = with_pad_token(AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name))
         loaded = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name)
         # A GGUF-loaded model refuses save_pretrained: rebuild it from its config, load the state dict.
         config = AutoConfig.from_pretrained(str(src.parent), gguf_file=src.name)
@@ -104,6 +104,25 @@ def base_model_folder() -> Path:
         (tmp / "gguf_sha256.txt").write_text(GGUF_SHA256 + "\n")
 
     return write_once(out, write, _converted)
+
+
+def with_pad_token(tokenizer):
+    """``tokenizer`` padding with its end-of-sequence token when it names no pad token (padded
+    positions are masked out of attention and loss, so the id only has to exist); returned.
+
+    Why: transformers 5.19 reads SmolLM2's pad token (``<|im_end|>``, its end-of-sequence token)
+    from the GGUF file, 5.17 does not, and an update then fails padding with ``pad_token_id=None``
+    (seen on a GPU machine, 2026-12-04). Hugging Face folders without a pad token load the same way."""
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_tokenizer(folder: str | os.PathLike):
+    """The tokenizer of the Hugging Face folder ``folder``, with a pad token (:func:`with_pad_token`)."""
+    from transformers import AutoTokenizer
+
+    return with_pad_token(AutoTokenizer.from_pretrained(str(folder)))
 
 
 def _converted(folder: Path) -> bool:

@@ -77,7 +77,9 @@ def load_model(path: str | os.PathLike, *, trainable: bool = False, device: str 
 
     Default device: CUDA if available, else CPU; default dtype: bfloat16 on CUDA,
     float32 on CPU. Inference models are returned in eval mode."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from sera_core.policy.base_model import load_tokenizer
 
     path = Path(path)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -86,7 +88,7 @@ def load_model(path: str | os.PathLike, *, trainable: bool = False, device: str 
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"{path} holds no Hugging Face model (config.json) and no adapter (adapter_config.json)")
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
-        return (model if trainable else model.eval()), AutoTokenizer.from_pretrained(str(path))
+        return (model if trainable else model.eval()), load_tokenizer(path)
     from peft import PeftModel
 
     base = adapter_base(path)
@@ -96,7 +98,7 @@ def load_model(path: str | os.PathLike, *, trainable: bool = False, device: str 
     model = PeftModel.from_pretrained(model, str(path), is_trainable=trainable)
     if not trainable:  # plain layers whose parameters require gradients, as from_pretrained gives them
         model = model.merge_and_unload().requires_grad_(True).eval()
-    return model.to(device), AutoTokenizer.from_pretrained(str(base))
+    return model.to(device), load_tokenizer(base)
 
 
 def merged(model):

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 from sera_core import __version__
-from sera_core.policy.base_model import BASE_NAME, GGUF_SHA256, base_model_folder, weights_digest
+from sera_core.policy.base_model import BASE_NAME, GGUF_SHA256, base_model_folder, load_tokenizer, weights_digest
 from sera_core.policy.models import EMBEDDED, checkpoint_activations
 from sera_core.tiny.demos import DemoConfig, demonstrations
 from sera_core.tiny.recipe import Hashed, _machine
@@ -105,14 +105,14 @@ def build_adapter(recipe: WarmStartRecipe, out: str | os.PathLike, *, base: str 
                   progress: bool = True, stop_after: int | None = None) -> dict | None:
     """Run ``recipe`` on ``base`` (default: the embedded base model) into ``out``; return
     the manifest (None when ``stop_after`` stopped the training early; a rerun resumes)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     out = Path(out)
     work, tmp = out.with_name(out.name + ".work"), out.with_name(out.name + ".tmp")
     t0 = time.perf_counter()
     name = BASE_NAME if base is None else str(base)
     base = Path(base) if base is not None else base_model_folder()
-    tokenizer = AutoTokenizer.from_pretrained(str(base))
+    tokenizer = load_tokenizer(base)
     samples, demo_stats = demonstrations(tokenizer, recipe.demos, progress=progress)
     model = lora_model(AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32), recipe.lora, recipe.seed)
     summary = train_sft(model, samples, recipe.sft, work / "sft", progress=progress, pad_id=tokenizer.pad_token_id,
