@@ -1,7 +1,8 @@
 """``make gpu-check``: the one prepared check for the day a GPU machine is lent.
 
-It needs vLLM's CUDA build on that machine (``pip install -e '.[gpu]'``): the H200 lent on
-2026-12-04 had none, and no network to install it (what ran there instead: docs/training.md).
+It needs vLLM's CUDA build and textworld (the workbook tokenizer's corpus) on that machine
+(``pip install -e '.[gpu]'``): the H200 lent on 2026-12-04 had neither, and no network to
+install them (what ran there instead: docs/training.md).
 The device machine has no network and receives only the working tree (at most 64 MiB of
 untracked files), so the model is built on the spot: a randomly initialised Qwen3 (the
 architecture of the paper's Qwen3-4B, about 75M parameters) with the workbook's own small
