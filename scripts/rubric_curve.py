@@ -4,7 +4,10 @@ Each (arm, seed) is one :class:`~sera_core.tiny.rubric_stage.RubricStage` run fr
 shipped embedded policy (SmolLM2-135M-Instruct + its LoRA warm start) in ``OUT/<arm>_seed<s>``:
 the noisy expert's mixed counterfactual groups on medium *train*-world tasks are the training
 points, the policy writes each rubric and scores the 8 branches, and the held-out points (the
-34 mixed groups of the last 24 medium *val* tasks) are measured before, during and after.
+34 mixed groups of the last 24 medium *val* tasks) are measured before, during and after:
+pairwise accuracy of the greedy scores (the official readout) and the belief accuracy (the same
+greedy calls ranked by the probability they put on ``success: true``,
+:func:`~sera_core.eval.points.success_belief`).
 Arms (:data:`~sera_core.tiny.rubric_stage.ARMS`): ``rubric`` trains the rubric writer only
 (SERA's rubric stage as specified), ``rubric_scorer`` also the scoring calls (the workbook's
 extension; the module docstring says why).
@@ -64,22 +67,24 @@ def collect(out: Path, arms: list[str], seeds: list[int], updates: int) -> dict:
 def report(results: dict) -> str:
     from sera_core.eval.points import format_interval
 
-    lines = ["| arm | seeds | held-out pairwise accuracy: start | end | ranking loss: start | end | score validity (end) "
-             "| tokens trained per update (rubric / score) | minutes per run |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| arm | seeds | held-out pairwise accuracy: start | end | belief accuracy: start | end | ranking loss: start | end "
+             "| score validity (end) | tokens trained per update (rubric / score) | minutes per run |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for arm, runs in results.items():
         start = [r["heldout"][0] for r in runs]
         end = [r["heldout"][-1] for r in runs]
         tokens = " / ".join(f"{fmean(u[k] for r in runs for u in r['updates']):,.0f}" for k in ("tokens_rubric", "tokens_score"))
         lines.append(f"| {LABELS[arm]} | {len(runs)} | {format_interval([h['pairwise_accuracy'] for h in start])} | "
-                     f"{format_interval([h['pairwise_accuracy'] for h in end])} | {format_interval([h['ranking_loss'] for h in start])} | "
+                     f"{format_interval([h['pairwise_accuracy'] for h in end])} | {format_interval([h.get('belief_accuracy') for h in start])} | "
+                     f"{format_interval([h.get('belief_accuracy') for h in end])} | {format_interval([h['ranking_loss'] for h in start])} | "
                      f"{format_interval([h['ranking_loss'] for h in end])} | {format_interval([h['score_validity'] for h in end])} | "
                      f"{tokens} | {fmean(r['seconds'] for r in runs) / 60:.0f} |")
     return "\n".join(lines)
 
 
 def figure(results: dict, path: Path) -> None:
-    """Held-out pairwise accuracy against updates (each seed thin, the mean thick) and the
-    training points' pairwise accuracy per update (mean over seeds)."""
+    """Held-out pairwise accuracy (solid) and belief accuracy (dashed) against updates (each
+    seed thin, the mean thick), and the same two on the training points per update (mean over seeds)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -87,15 +92,17 @@ def figure(results: dict, path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
     for k, (arm, runs) in enumerate(results.items()):
-        for r in runs:
-            axes[0].plot([h["version"] for h in r["heldout"]], [h["pairwise_accuracy"] for h in r["heldout"]],
-                         color=f"C{k}", alpha=0.3, lw=1)
         versions = [h["version"] for h in runs[0]["heldout"]]
-        axes[0].plot(versions, [fmean(r["heldout"][i]["pairwise_accuracy"] for r in runs) for i in range(len(versions))],
-                     color=f"C{k}", lw=2.5, marker="o", label=LABELS[arm])
         n = min(len(r["updates"]) for r in runs)
-        axes[1].plot(range(n), [fmean(r["updates"][i]["pairwise_accuracy"] for r in runs) for i in range(n)],
-                     color=f"C{k}", marker=".", label=LABELS[arm])
+        for key, style, what in (("pairwise_accuracy", "-", "score"), ("belief_accuracy", "--", "belief")):
+            if any(h.get(key) is None for r in runs for h in r["heldout"]):
+                continue  # a run from before the belief readout
+            for r in runs:
+                axes[0].plot([h["version"] for h in r["heldout"]], [h[key] for h in r["heldout"]], color=f"C{k}", ls=style, alpha=0.3, lw=1)
+            axes[0].plot(versions, [fmean(r["heldout"][i][key] for r in runs) for i in range(len(versions))],
+                         color=f"C{k}", ls=style, lw=2.5, marker="o", label=f"{LABELS[arm]}: {what}")
+            axes[1].plot(range(n), [fmean(r["updates"][i][key] for r in runs) for i in range(n)],
+                         color=f"C{k}", ls=style, marker=".", label=f"{LABELS[arm]}: {what}")
     axes[0].axhline(0.5, color="grey", ls=":", lw=1)
     axes[0].axhline(0.7, color="grey", ls="--", lw=1)
     axes[0].set(title="held-out points (val world, temperature 0)", xlabel="update", ylabel="pairwise accuracy", ylim=(0.3, 1.0))

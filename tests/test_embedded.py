@@ -299,6 +299,7 @@ def test_measure_plays_groups_on_the_hardest_level_and_scores_held_out_points(ad
     figures = measure(adapter, {"textcraft": tasks}, points=3, save=save)["textcraft"]["points"]
     assert figures["points"] == expected and figures["tasks"] == 3 and figures["seconds"] > 0
     assert 0.0 <= figures["rubric_validity"] <= 1.0 and 0.0 <= figures["pairwise_accuracy"] <= 1.0
+    assert 0.0 <= figures["belief_accuracy"] <= 1.0  # the greedy calls' probability of "success: true", ranked
     assert json.loads(save.read_text())["textcraft"]["points"] == figures
 
 

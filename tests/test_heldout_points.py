@@ -4,6 +4,7 @@ rescores; the metrics count an unparsable rubric as ties, never as a skipped gro
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -11,9 +12,10 @@ from sera_core.agents.actors import PolicyActor
 from sera_core.agents.corpus import default_tokenizer
 from sera_core.agents.runtime import Runtime, RuntimeConfig
 from sera_core.course import noisy_expert, pick_tasks
-from sera_core.eval.points import heldout_points, point_metrics
+from sera_core.eval.points import branch_beliefs, heldout_points, point_metrics, success_belief
 from sera_core.policy.base import Generation, per_prompt
 from sera_core.policy.chat import ChatFormat
+from sera_core.rubrics import GLOBAL_RUBRIC
 
 
 @pytest.fixture(scope="module")
@@ -53,3 +55,57 @@ def test_point_metrics_of_the_expert_and_of_a_policy_that_writes_no_rubric(point
     mute = point_metrics(Runtime("textcraft", PolicyActor(Mute()), RuntimeConfig()).rescore_all(points))
     assert mute["rubric_validity"] == 0.0 and mute["score_validity"] is None
     assert (mute["mixed"], mute["pairwise_accuracy"], mute["ranking_loss"]) == (len(points), 0.5, 0.2)
+
+
+def test_success_belief_reads_the_gate_tokens_probability_and_counts_false_against_it():
+    chat = ChatFormat(default_tokenizer())
+    for value in ("true", "false"):
+        ids = chat.encode('{"criterion_scores": [{"name": "a", "score": 1, "reason": "true"}], "success": %s, "final_score": 0}' % value)
+        gate = next(i for i in range(len(ids)) if chat.decode(ids[:i + 1]).endswith('"success": ' + value[0]))
+        logprobs = [-0.001] * len(ids)
+        logprobs[gate] = math.log(0.8)
+        belief = success_belief(ids, logprobs, chat.decode)
+        assert belief == pytest.approx(0.8 if value == "true" else 0.2)  # the "true" in the reason is not the gate
+    assert success_belief(chat.encode('{"final_score": 1.0}'), [-0.1] * len(chat.encode('{"final_score": 1.0}')), chat.decode) is None
+
+
+def test_belief_accuracy_ranks_branches_that_the_greedy_score_ties(points):
+    """A scorer that writes ``success: true`` and 1.0 for every branch (every pair ties: 1/2)
+    but puts a different probability on ``true`` per call: the belief accuracy is the
+    pairwise accuracy of those probabilities, recomputed here by hand."""
+    rubric = GLOBAL_RUBRIC.to_json()
+
+    class Believer:
+        def __init__(self):
+            self.tokenizer = default_tokenizer()
+            self.chat = ChatFormat(self.tokenizer)
+            self.calls = 0
+
+        def generate(self, prompts, params):
+            out = []
+            for prompt in prompts:
+                if '"success"' in self.chat.decode(prompt):  # a scoring call
+                    items = [{"name": i["name"], "score": 1.0, "reason": ""} for i in rubric["rubric_items"]]
+                    text = json.dumps({"success": True, "criterion_scores": items, "final_score": 1.0, "reason": "ok"})
+                else:
+                    text = json.dumps(rubric)
+                ids = self.chat.encode(text)
+                self.calls += 1
+                out.append(Generation(ids, [math.log(0.5 + (self.calls * 37 % 50) / 100)] * len(ids), text, "stop"))
+            return out
+
+        def decode(self, ids):
+            return self.chat.decode(ids)
+
+    believer = Believer()
+    rescored = Runtime("textcraft", PolicyActor(believer), RuntimeConfig()).rescore_all(points)
+    m = point_metrics(rescored, believer.decode)
+    assert m["pairwise_accuracy"] == 0.5 and m["score_validity"] == 1.0
+    by_hand = []
+    for p in rescored:
+        beliefs = [math.exp(b.score_turn.logprobs[0]) if b.score_turn is not None else 0.0 for b in p.branches]
+        assert beliefs == pytest.approx(branch_beliefs(p, believer.decode))
+        pairs = [(a, c) for a, ya in zip(beliefs, p.labels, strict=True) if ya for c, yc in zip(beliefs, p.labels, strict=True) if yc is False]
+        by_hand.append(sum(1.0 if a > c else 0.5 if a == c else 0.0 for a, c in pairs) / len(pairs))
+    assert m["belief_accuracy"] == round(sum(by_hand) / len(by_hand), 4) != 0.5
+    assert "belief_accuracy" not in point_metrics(rescored)

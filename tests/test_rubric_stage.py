@@ -132,9 +132,11 @@ def test_a_run_trains_both_calls_and_resumes_after_an_interruption(tmp_path):
     assert read_checkpoint(tmp_path / "run" / "checkpoint")["version"] == 1
     start = json.loads(first.start_file.read_text())
     assert start["points"] == 1 and start["version"] == 0
+    assert 0.0 <= start["belief_accuracy"] <= 1.0  # the greedy calls' probability of "success: true", ranked
     del first
     gc.collect()
     again = RubricStage(cfg, progress=False).run()
     assert [r["version"] for r in again["updates"]] == ["0", "1"] and [r["version"] for r in again["heldout"]] == ["0", "2"]
     assert [r["version"] for r in read(tmp_path / "run" / "updates.csv")] == ["0", "1"]
+    assert all(0.0 <= float(r["belief_accuracy"]) <= 1.0 for r in again["heldout"] + again["updates"])
     assert read_checkpoint(tmp_path / "run" / "checkpoint")["version"] == 2

@@ -18,7 +18,19 @@ with it; comparing two models' pairwise accuracy on their own rollouts mixes how
   - ranking loss ``L_rank = mean over those pairs of max(0, margin - (s_succ - s_fail))``,
     margin 0.2 (the rubric writer's reward is ``-L_rank``);
   - both averaged over the groups, with a 95% interval ``1.96 * std / sqrt(n)`` (normal
-    approximation over groups), and the share of rubrics and scores that parsed.
+    approximation over groups), and the share of rubrics and scores that parsed;
+  - with a ``decode`` function, the **belief accuracy**: the same pairwise accuracy with each
+    branch ranked by the probability its scoring call put on ``success: true``
+    (:func:`success_belief`) instead of by its score.
+
+Why the belief readout exists (our decision, measured: docs/measurements.md). The official
+readout scores at temperature 0, where the shipped scorer writes ``success: true`` and 1.0
+for every branch, so every pair ties (accuracy 1/2) although the same greedy call gives
+``true`` about 0.87 on branches that succeeded and about 0.83 on those that failed. The
+ranking reward trains exactly that probability (a sampled ``true`` on a failed branch earns
+a negative advantage), so the belief shows whether training moves the scorer long before
+the greedy answer flips. It is read from the greedy call's own recorded log-probabilities
+(both engines record the unmodified distribution): no extra model call.
 
 Why the expert plays the branches (our decision): its trajectories are the transcripts the
 embedded policy was warm-started to write, the groups are mixed by construction, and the set
@@ -29,7 +41,8 @@ depend on the model being measured.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from statistics import fmean, stdev
 from typing import Any
 
@@ -66,9 +79,50 @@ def format_interval(values: Sequence[float | None]) -> str:
     return f"{mean:.3f}" if half is None else f"{mean:.3f} ± {half:.3f}"
 
 
-def point_metrics(points: Sequence[DelegationPoint]) -> dict[str, Any]:
+GATE = re.compile(r'"success"\s*:\s*(true|false)')
+"""The success gate's value in a scoring call's JSON."""
+
+
+def success_belief(completion_ids: Sequence[int], logprobs: Sequence[float], decode: Callable[[list[int]], str]) -> float | None:
+    """``P(g = 1)`` that a scoring call put on its success gate, from its recorded log-probabilities::
+
+        p = exp(log pi(t))          t: the token that begins the gate's value (the choice)
+        belief = p if the value is true, else 1 - p
+
+    (the mass the model put on neither spelling is counted against the value it wrote). None
+    when the completion spells no ``"success": true|false``. ``decode`` must be lossless
+    (:meth:`~sera_core.policy.chat.ChatFormat.decode`): the token is found by decoding prefixes."""
+    ids = list(completion_ids)
+    match = GATE.search(decode(ids))
+    if match is None:
+        return None
+    lo, hi = 0, len(ids) - 1
+    while lo < hi:  # the first token whose prefix reaches past the value's first character
+        mid = (lo + hi) // 2
+        if len(decode(ids[:mid + 1])) > match.start(1):
+            hi = mid
+        else:
+            lo = mid + 1
+    p = math.exp(logprobs[lo])
+    return p if match.group(1) == "true" else 1.0 - p
+
+
+def branch_beliefs(point: DelegationPoint, decode: Callable[[list[int]], str]) -> list[float]:
+    """Each branch's :func:`success_belief` (0 for a branch with no valid score: a forced
+    zero, no valid rubric or a malformed score, as :func:`point_metrics` counts its score)."""
+    out = []
+    for b in point.branches:
+        t = b.score_turn
+        belief = success_belief(t.completion_ids, t.logprobs, decode) if t is not None and b.score is not None else None
+        out.append(0.0 if belief is None else belief)
+    return out
+
+
+def point_metrics(points: Sequence[DelegationPoint], decode: Callable[[list[int]], str] | None = None) -> dict[str, Any]:
     """Pairwise accuracy and ranking loss over the points' mixed groups (mean and 95% half
-    interval), how many groups were mixed, and the validity of the rubrics and scores.
+    interval), how many groups were mixed, and the validity of the rubrics and scores; with
+    ``decode``, also the belief accuracy (``belief_accuracy``, ``belief_accuracy_ci``: the
+    pairwise accuracy of :func:`branch_beliefs`, module docstring).
 
     A branch without a score (its rubric or its scoring output did not parse) counts as a
     score of 0 here, so a model that writes no valid rubric gets accuracy 1/2 and loss 0.2
@@ -79,7 +133,12 @@ def point_metrics(points: Sequence[DelegationPoint]) -> dict[str, Any]:
     accuracy, accuracy_ci = mean_interval([r.accuracy for r in valid])
     loss, loss_ci = mean_interval([r.loss for r in valid])
     called = [b for p in points if p.rubric is not None for b in p.branches if b.score_turn is not None]
+    belief: dict[str, Any] = {}
+    if decode is not None:
+        ranked = [ranking_loss(branch_beliefs(p, decode), p.labels) for p in points]
+        belief["belief_accuracy"], belief["belief_accuracy_ci"] = mean_interval([r.accuracy for r in ranked if not r.skipped])
     return {"points": len(points), "mixed": len(valid), "pairwise_accuracy": accuracy, "pairwise_accuracy_ci": accuracy_ci,
             "ranking_loss": loss, "ranking_loss_ci": loss_ci,
             "rubric_validity": round(sum(p.rubric is not None for p in points) / len(points), 4) if points else None,
-            "score_validity": round(sum(b.score is not None for b in called) / len(called), 4) if called else None}
+            "score_validity": round(sum(b.score is not None for b in called) / len(called), 4) if called else None,
+            **belief}

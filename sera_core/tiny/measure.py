@@ -19,8 +19,9 @@ With ``points > 0`` it also measures the scorer on fixed held-out delegation poi
 (:func:`~sera_core.eval.points.heldout_points`: the noisy expert's mixed groups of B = 8 on
 the last ``points`` tasks of the hardest measured level, disjoint from the tasks played):
 the model writes each rubric again at temperature 0 and scores the stored branches
-(:meth:`~sera_core.agents.runtime.Runtime.rescore`), so its pairwise accuracy, ranking loss
-and rubric and score validity are measured even where it never delegates itself.
+(:meth:`~sera_core.agents.runtime.Runtime.rescore`), so its pairwise accuracy, belief accuracy
+(:func:`~sera_core.eval.points.success_belief`), ranking loss and rubric and score validity are
+measured even where it never delegates itself.
 
 Tasks are played one difficulty at a time (all tasks of a difficulty concurrently, batched);
 ``seconds_per_task`` is each run's wall time over its task count (2 cores: what a user waits).
@@ -146,7 +147,7 @@ def measure(model: str | os.PathLike, tasks: dict[str, list[dict]], *, groups: i
             kept = save.with_name(f"{save.name}.{benchmark}.points.jsonl") if save is not None else None
             rescored, seconds = rescore_points(policy, benchmark, points, seed=seed, max_batch=max_batch, progress=progress,
                                                kept=kept)
-            out[benchmark]["points"] = point_metrics(rescored) | {"tasks": points, "seconds": seconds}
+            out[benchmark]["points"] = point_metrics(rescored, policy.decode) | {"tasks": points, "seconds": seconds}
             keep()
     return out
 

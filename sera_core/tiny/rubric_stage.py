@@ -42,9 +42,11 @@ successes. The ``rubric`` arm trains the writer only, SERA as specified.
 
 Before training and every ``eval_every`` updates the policy rescores the **held-out points**
 (the 34 mixed groups of the last 24 medium *val* tasks, :func:`~sera_core.tiny.measure.points_tasks`)
-with both calls at temperature 0: pairwise accuracy, ranking loss (95% intervals over points)
-and validity (:func:`~sera_core.eval.points.point_metrics`), one row of ``heldout.csv`` per
-measurement. Each update writes a row of ``updates.csv``; a checkpoint follows every update,
+with both calls at temperature 0: pairwise accuracy, ranking loss (95% intervals over points),
+the belief accuracy (the same greedy calls ranked by the probability they put on ``success:
+true``, :func:`~sera_core.eval.points.success_belief`: what the scorer's reward trains, visible
+before its greedy answer flips) and validity (:func:`~sera_core.eval.points.point_metrics`),
+one row of ``heldout.csv`` per measurement. Each update writes a row of ``updates.csv``; a checkpoint follows every update,
 so a killed run resumes at its last update and measurement with nothing repeated or lost.
 """
 
@@ -82,11 +84,11 @@ ARMS = ("rubric", "rubric_scorer")
 """``rubric``: SERA's rubric stage (the writer trained); ``rubric_scorer``: the writer and the
 scoring calls trained (module docstring, step 4)."""
 
-UPDATE_COLUMNS = ("version", "points", "mixed", "pairwise_accuracy", "ranking_loss", "rubric_validity",
+UPDATE_COLUMNS = ("version", "points", "mixed", "pairwise_accuracy", "belief_accuracy", "ranking_loss", "rubric_validity",
                   "score_validity", "datums_rubric", "datums_score", "tokens_rubric", "tokens_score", "loss",
                   "grad_norm", "seconds_generation", "seconds_update", "seconds")
-HELDOUT_COLUMNS = ("version", "points", "mixed", "pairwise_accuracy", "pairwise_accuracy_ci", "ranking_loss",
-                   "ranking_loss_ci", "rubric_validity", "score_validity", "seconds")
+HELDOUT_COLUMNS = ("version", "points", "mixed", "pairwise_accuracy", "pairwise_accuracy_ci", "belief_accuracy",
+                   "belief_accuracy_ci", "ranking_loss", "ranking_loss_ci", "rubric_validity", "score_validity", "seconds")
 
 
 @dataclass(frozen=True)
@@ -252,10 +254,12 @@ class RubricStage(Trainer):
         seed does not enter: the starting model's are measured once per cache folder and
         shared by every arm and seed, ``start_file``)."""
         if self.updates_done == 0 and self.start_file.exists():
-            return json.loads(self.start_file.read_text())
+            row = json.loads(self.start_file.read_text())
+            if "belief_accuracy" in row:  # a file from before the belief readout is measured again
+                return row
         t0 = time.perf_counter()
         out = self.rescored(self.heldout, derive_seed(0, "heldout"), 0.0, 0.0, progress=self.progress)
-        row = {"version": self.updates_done, **point_metrics(out), "seconds": round(time.perf_counter() - t0, 1)}
+        row = {"version": self.updates_done, **point_metrics(out, self.policy.decode), "seconds": round(time.perf_counter() - t0, 1)}
         if self.updates_done == 0:
             write_atomic(self.start_file, json.dumps(row).encode())
         return row
@@ -289,8 +293,9 @@ class RubricStage(Trainer):
         self.last_rows, self.last_stats = rows, stats  # what the update trained, and log pi before it by sign
         self.updates_done += 1
         self.counters["tokens_trained"] += int(stats["tokens"])
-        m = point_metrics(points)
+        m = point_metrics(points, self.policy.decode)
         return {"version": v, "points": m["points"], "mixed": m["mixed"], "pairwise_accuracy": m["pairwise_accuracy"],
+                "belief_accuracy": m["belief_accuracy"],
                 "ranking_loss": m["ranking_loss"], "rubric_validity": m["rubric_validity"],
                 "score_validity": m["score_validity"], **counts, "loss": round(stats["loss"], 8), "grad_norm": round(grad_norm, 6),
                 "seconds_generation": round(t_gen, 1), "seconds_update": round(time.perf_counter() - t0 - t_gen, 1),
