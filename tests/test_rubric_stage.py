@@ -6,15 +6,18 @@ from __future__ import annotations
 import csv
 import gc
 import json
+import math
 from dataclasses import replace
 
 import pytest
 
+from sera_core.agents.corpus import default_tokenizer
 from sera_core.agents.runtime import Runtime
 from sera_core.course import noisy_expert, pick_tasks
-from sera_core.eval.points import heldout_points
+from sera_core.eval.points import branch_beliefs, heldout_points
+from sera_core.policy.chat import ChatFormat
 from sera_core.rubrics import Score, ranking_loss
-from sera_core.tiny.rubric_stage import RubricStageConfig, branch_rewards, score_advantages, stage_rows
+from sera_core.tiny.rubric_stage import RubricStageConfig, branch_rewards, rubric_ranking, score_advantages, stage_rows
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +96,48 @@ def test_the_trained_scoring_calls_are_drawn_from_those_that_move(point):
         assert count["datums_score"] == min(calls, len(moving)) and values and 0.0 not in values
 
 
+def with_beliefs(point, beliefs, chat):
+    """The point scored 1.0 on every branch (every pair ties) by greedy calls that put
+    ``beliefs[i]`` on ``"success": true``, its rubric call kept as ``rewritten``."""
+    text = json.dumps({"success": True, "criterion_scores": [], "final_score": 1.0, "reason": ""})
+    ids = chat.encode(text)
+    gate = next(i for i in range(len(ids)) if chat.decode(ids[:i + 1]).endswith('"success": t'))
+    branches = []
+    for b, q in zip(with_scores(point, [1.0] * len(beliefs)).branches, beliefs, strict=True):
+        logprobs = [0.0] * len(ids)
+        logprobs[gate] = math.log(q)
+        branches.append(replace(b, score_turn=replace(b.score_turn, completion_ids=ids, logprobs=logprobs,
+                                                      roles=["score"] * len(ids), text=text)))
+    out = replace(point, branches=branches, rewritten=replace(point.branches[0].score_turn, kind="rubric",
+                                                                  roles=["rubric"] * len(point.branches[0].score_turn.roles)))
+    out.ranking = ranking_loss(out.scores, out.labels)
+    return out
+
+
+def test_the_belief_arm_rewards_the_writer_by_the_ranking_of_the_gates_probability(point):
+    """Where the greedy scores tie (the shipped scorer), ``rubric_belief``'s writer reward
+    ``-L_rank(q)`` ranks the branches by ``q_b = P("success": true)``, computed here by hand."""
+    chat = ChatFormat(default_tokenizer())
+    labels = point.labels
+    apart = with_beliefs(point, [0.9 if y else 0.6 for y in labels], chat)  # successes above failures by 0.3
+    crossed = with_beliefs(point, [0.7 if y else 0.8 for y in labels], chat)  # failures above successes by 0.1
+    for p in (apart, crossed):  # the official readout: every pair ties, every rubric earns -0.2, no datum
+        assert rubric_ranking(p).loss == pytest.approx(0.2) and rubric_ranking(p).accuracy == 0.5
+    rows, count = stage_rows([apart, crossed], train_scorer=False)
+    assert rows == [] and count["datums_rubric"] == 0
+    assert rubric_ranking(apart, chat.decode).loss == pytest.approx(max(0.0, 0.2 - 0.9 + 0.6)) == 0.0
+    assert rubric_ranking(crossed, chat.decode).loss == pytest.approx(0.2 - 0.7 + 0.8)
+    rows, count = stage_rows([apart, crossed], train_scorer=False, decode=chat.decode)
+    assert count["datums_rubric"] == 2 and count["datums_score"] == 0
+    advantages = [sorted({round(a, 6) for a, t in zip(r.advantage, r.trained, strict=True) if t}) for r in rows]
+    assert advantages == [[pytest.approx(0.3)], [pytest.approx(-0.3)]]  # A_g = r_g - r_g'
+    # a forced zero keeps the runtime's 0 (no call), a malformed score leaves the ranking
+    holes = replace(apart, branches=[replace(b, score_turn=None, score=Score(0, {}, 0.0, None, "", forced=True)) if b.branch == 0
+                                     else replace(b, score=None) if b.branch == 1 else b for b in apart.branches])
+    beliefs = branch_beliefs(holes, chat.decode)
+    assert beliefs[:2] == [0.0, None] and beliefs[2:] == pytest.approx([0.9 if y else 0.6 for y in labels[2:]])
+
+
 def test_config_refuses_bad_settings_before_any_work():
     with pytest.raises(ValueError, match="arm must be one of"):
         RubricStageConfig(arm="scorer")
@@ -100,6 +145,12 @@ def test_config_refuses_bad_settings_before_any_work():
         RubricStageConfig(points_per_update=0)
     with pytest.raises(ValueError, match="heldout_limit"):
         RubricStageConfig(heldout_limit=-1)
+    with pytest.raises(ValueError, match="score_temperature must be >= 0"):
+        RubricStageConfig(score_temperature=-0.5)
+    # the belief arm reads the greedy call unless told otherwise; the others sample at 1
+    assert RubricStageConfig(arm="rubric_belief").scoring_temperature == 0.0
+    assert RubricStageConfig(arm="rubric").scoring_temperature == 1.0
+    assert RubricStageConfig(arm="rubric_belief", score_temperature=0.7).scoring_temperature == 0.7
 
 
 def read(path):

@@ -107,14 +107,15 @@ def success_belief(completion_ids: Sequence[int], logprobs: Sequence[float], dec
     return p if match.group(1) == "true" else 1.0 - p
 
 
-def branch_beliefs(point: DelegationPoint, decode: Callable[[list[int]], str]) -> list[float]:
-    """Each branch's :func:`success_belief` (0 for a branch with no valid score: a forced
-    zero, no valid rubric or a malformed score, as :func:`point_metrics` counts its score)."""
-    out = []
-    for b in point.branches:
+def branch_beliefs(point: DelegationPoint, decode: Callable[[list[int]], str]) -> list[float | None]:
+    """Each branch's :func:`success_belief`: the runtime's own score for a forced zero (no
+    call: 0), None for a branch with no valid score (no valid rubric or a malformed score),
+    in branch order. Pass it to :func:`~sera_core.rubrics.ranking_loss` in place of
+    :attr:`~sera_core.agents.points.DelegationPoint.scores` to rank by belief."""
+    out: list[float | None] = []
+    for b, s in zip(point.branches, point.scores, strict=True):
         t = b.score_turn
-        belief = success_belief(t.completion_ids, t.logprobs, decode) if t is not None and b.score is not None else None
-        out.append(0.0 if belief is None else belief)
+        out.append(None if s is None else s if t is None else success_belief(t.completion_ids, t.logprobs, decode))
     return out
 
 
@@ -122,7 +123,8 @@ def point_metrics(points: Sequence[DelegationPoint], decode: Callable[[list[int]
     """Pairwise accuracy and ranking loss over the points' mixed groups (mean and 95% half
     interval), how many groups were mixed, and the validity of the rubrics and scores; with
     ``decode``, also the belief accuracy (``belief_accuracy``, ``belief_accuracy_ci``: the
-    pairwise accuracy of :func:`branch_beliefs`, module docstring).
+    pairwise accuracy of :func:`branch_beliefs`, module docstring) and ``belief_loss``, the
+    mean ranking loss of the same beliefs.
 
     A branch without a score (its rubric or its scoring output did not parse) counts as a
     score of 0 here, so a model that writes no valid rubric gets accuracy 1/2 and loss 0.2
@@ -135,8 +137,9 @@ def point_metrics(points: Sequence[DelegationPoint], decode: Callable[[list[int]
     called = [b for p in points if p.rubric is not None for b in p.branches if b.score_turn is not None]
     belief: dict[str, Any] = {}
     if decode is not None:
-        ranked = [ranking_loss(branch_beliefs(p, decode), p.labels) for p in points]
-        belief["belief_accuracy"], belief["belief_accuracy_ci"] = mean_interval([r.accuracy for r in ranked if not r.skipped])
+        ranked = [r for p in points if not (r := ranking_loss([0.0 if b is None else b for b in branch_beliefs(p, decode)], p.labels)).skipped]
+        belief["belief_accuracy"], belief["belief_accuracy_ci"] = mean_interval([r.accuracy for r in ranked])
+        belief["belief_loss"] = mean_interval([r.loss for r in ranked])[0]
     return {"points": len(points), "mixed": len(valid), "pairwise_accuracy": accuracy, "pairwise_accuracy_ci": accuracy_ci,
             "ranking_loss": loss, "ranking_loss_ci": loss_ci,
             "rubric_validity": round(sum(p.rubric is not None for p in points) / len(points), 4) if points else None,

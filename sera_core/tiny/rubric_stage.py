@@ -16,7 +16,7 @@ Per update ``v`` (a :class:`~sera_core.train.trainer.Trainer` with schedule
    expert's rollouts of the first ``pool_tasks`` medium *train*-world tasks) with
    ``random.Random(derive_seed(seed, "points", v))``;
 2. the policy writes each point's rubric again (temperature ``rubric_temperature``) and
-   scores its 8 stored branches (temperature ``score_temperature``),
+   scores its 8 stored branches (temperature ``scoring_temperature``),
    :meth:`~sera_core.agents.runtime.Runtime.rescore` keeping the rubric calls' tokens, runtime seed
    ``derive_seed(seed, "rescore", v)``;
 3. rubric datums, SERA's ranking reward (:mod:`sera_core.rewards.rubric_ranking`,
@@ -34,11 +34,27 @@ Per update ``v`` (a :class:`~sera_core.train.trainer.Trainer` with schedule
    and its call gets no datum); a point whose ``r_b`` are all equal gives none;
 5. one CISPO step over those tokens (:func:`~sera_core.train.update.loss_and_backward`).
 
+The ``rubric_belief`` arm (the workbook's second extension) trains the writer only, as
+``rubric`` does, but its scoring calls run at temperature 0 (the official setting) and step 3
+ranks each branch by the probability its greedy call put on ``"success": true`` instead of by
+the score it wrote (:func:`~sera_core.eval.points.branch_beliefs`; a forced zero stays 0)::
+
+    q_b = P_pi(g = 1 | rubric, branch b),   r_g = -mean_{(p, n)} max(0, 0.2 - q_p + q_n)
+
+an expected gate in the manner of G-Eval's probability-weighted scores, read from the greedy
+call's recorded log-probabilities (no extra call). Since the gate multiplies the final score
+(SPEC 3: ``final_score = g * sum_j w_j c_j``), ``q_b`` is what the score's expectation hinges
+on; it is where the shipped scorer's uncertainty lives (its greedy call is sure of every token
+but the gate and the first score digit). docs/fidelity.md lists it as a departure.
+
 Why the extension exists (our decision, measured): the shipped adapter's scorer answers 1.0
 for every branch at temperature 0, so every rubric it could write earns the same ``-L_rank =
 -0.2`` and the writer alone has no gradient (every group drops out as zero-variance). At
 temperature 1 its scores vary, and ``r_b`` rewards the calls that put failures below
-successes. The ``rubric`` arm trains the writer only, SERA as specified.
+successes. The ``rubric`` arm trains the writer only, SERA as specified. ``rubric_belief``
+gives the writer a signal with the scorer left as it is: a rubric is rewarded for making the
+greedy scorer's belief in success rank the branches, so a writer that learns to write gates
+the scorer can check pushes failures' ``q_b`` down, towards a greedy ``false``.
 
 Before training and every ``eval_every`` updates the policy rescores the **held-out points**
 (the 34 mixed groups of the last 24 medium *val* tasks, :func:`~sera_core.tiny.measure.points_tasks`)
@@ -56,7 +72,7 @@ import json
 import random
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from statistics import fmean
@@ -70,9 +86,9 @@ from sera_core.agents.points import DelegationPoint
 from sera_core.agents.runtime import Runtime
 from sera_core.agents.summary import read_points
 from sera_core.envs.registry import pick_tasks
-from sera_core.eval.points import heldout_points, point_metrics
+from sera_core.eval.points import branch_beliefs, heldout_points, point_metrics
 from sera_core.rewards import Datum
-from sera_core.rubrics import RANKING_MARGIN
+from sera_core.rubrics import RANKING_MARGIN, RankingResult, ranking_loss
 from sera_core.train.advantages import REWARD_TOLERANCE, Advantage, leave_one_out, rubric_advantages, uniform
 from sera_core.train.config import load_config
 from sera_core.train.trainer import Trainer, append_row, keep_rows
@@ -80,11 +96,12 @@ from sera_core.train.update import TokenRow, advantage_weighted_logprob, logprob
 from sera_core.utils.jsonio import write_atomic, write_jsonl
 from sera_core.utils.seeding import derive_seed
 
-ARMS = ("rubric", "rubric_scorer")
+ARMS = ("rubric", "rubric_scorer", "rubric_belief")
 """``rubric``: SERA's rubric stage (the writer trained); ``rubric_scorer``: the writer and the
-scoring calls trained (module docstring, step 4)."""
+scoring calls trained (module docstring, step 4); ``rubric_belief``: the writer trained on the
+ranking of the greedy scorer's beliefs (module docstring, after step 5)."""
 
-UPDATE_COLUMNS = ("version", "points", "mixed", "pairwise_accuracy", "belief_accuracy", "ranking_loss", "rubric_validity",
+UPDATE_COLUMNS = ("version", "points", "mixed", "pairwise_accuracy", "belief_accuracy", "ranking_loss", "belief_loss", "rubric_validity",
                   "score_validity", "datums_rubric", "datums_score", "tokens_rubric", "tokens_score", "loss",
                   "grad_norm", "seconds_generation", "seconds_update", "seconds")
 HELDOUT_COLUMNS = ("version", "points", "mixed", "pairwise_accuracy", "pairwise_accuracy_ci", "belief_accuracy",
@@ -114,8 +131,9 @@ class RubricStageConfig:
     notebook's smoke setting, which reads the trained calls' log-probabilities instead)."""
     rubric_temperature: float = 1.0
     """Sampling temperature of the rubric calls in training (held-out: 0)."""
-    score_temperature: float = 1.0
-    """Sampling temperature of the scoring calls in training (held-out: 0, the official setting)."""
+    score_temperature: float | None = None
+    """Sampling temperature of the scoring calls in training (held-out: 0, the official
+    setting). None: 0 for ``rubric_belief`` (its reward reads the greedy call), else 1."""
     score_calls: int = 4
     """Scoring calls trained per point (``rubric_scorer``): a seeded draw among those with a
     datum, their advantages computed over all of them. A call's row is its whole prompt (the
@@ -141,12 +159,22 @@ class RubricStageConfig:
     out: str = "runs/rubric_stage/rubric_scorer_seed0"
     """Run folder: ``updates.csv``, ``heldout.csv``, ``checkpoint/``."""
 
+    @property
+    def scoring_temperature(self) -> float:
+        """The training scoring calls' temperature (:attr:`score_temperature` resolved)."""
+        if self.score_temperature is not None:
+            return self.score_temperature
+        return 0.0 if self.arm == "rubric_belief" else 1.0
+
     def __post_init__(self) -> None:
         if self.arm not in ARMS:
             raise ValueError(f"arm must be one of {ARMS}, got {self.arm!r}")
         for name in ("updates", "points_per_update", "pool_tasks", "heldout_tasks", "eval_every", "score_calls"):
             if getattr(self, name) < (0 if name == "updates" else 1):
                 raise ValueError(f"{name} must be >= {0 if name == 'updates' else 1}, got {getattr(self, name)}")
+        for name in ("rubric_temperature", "score_temperature"):
+            if (getattr(self, name) or 0.0) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.heldout_limit is not None and self.heldout_limit < 0:
             raise ValueError(f"heldout_limit must be >= 0 or None, got {self.heldout_limit}")
 
@@ -178,17 +206,29 @@ def score_advantages(point: DelegationPoint) -> list[tuple[int, float]]:
     return list(zip([i for i, _ in called], leave_one_out([r for _, r in called]), strict=True))
 
 
+def rubric_ranking(point: DelegationPoint, decode: Callable[[list[int]], str] | None = None) -> RankingResult:
+    """The ranking the writer's reward ``r_g = -L_rank`` reads: the point's scores, or with
+    ``decode`` the branches' beliefs (:func:`~sera_core.eval.points.branch_beliefs`, the
+    ``rubric_belief`` arm)."""
+    if decode is None:
+        return point.ranking
+    return ranking_loss(branch_beliefs(point, decode), point.labels)
+
+
 def stage_rows(points: Sequence[DelegationPoint], *, train_scorer: bool, score_calls: int = 8,
-               rng: random.Random | None = None) -> tuple[list[TokenRow], dict[str, int]]:
-    """The update's token rows: each rewritten rubric call with its ``A_g`` (rubric role) and,
+               rng: random.Random | None = None,
+               decode: Callable[[list[int]], str] | None = None) -> tuple[list[TokenRow], dict[str, int]]:
+    """The update's token rows: each rewritten rubric call with its ``A_g`` (rubric role; with
+    ``decode``, its reward read from the beliefs, :func:`rubric_ranking`) and,
     with ``train_scorer``, up to ``score_calls`` scoring calls per point (drawn with ``rng``
     when there are more) with their ``A_b`` (score role); and the datums and trained tokens
     of each role. The draw is among the calls with ``A_b != 0`` (beyond
     :data:`~sera_core.train.advantages.REWARD_TOLERANCE`): a call that earned its
     point's mean moves nothing and costs a row of its whole prompt (about 3,000 tokens)."""
+    rankings = [(p, rubric_ranking(p, decode)) for p in points]
     datums = [Datum(f"{p.tree_id}/{p.child_id}", p.task_id, p.parent_id, 0, "rubric", p.parent_id.count("."),
-                    -p.ranking.loss, group=f"{p.parent_id}>{p.child_id}")
-              for p in points if not p.ranking.skipped and p.rewritten is not None]
+                    -r.loss, group=f"{p.parent_id}>{p.child_id}")
+              for p, r in rankings if not r.skipped and p.rewritten is not None]
     turns = {f"{p.tree_id}/{p.child_id}": p.rewritten for p in points}
     adv: list[Advantage] = rubric_advantages(datums)
     rows = [r for a in adv for r in turn_rows([turns[a.datum.tree_id]], "rubric", a.value)]
@@ -281,11 +321,12 @@ class RubricStage(Trainer):
         t0 = time.perf_counter()
         torch.manual_seed(derive_seed(cfg.seed, "torch", v))
         batch = random.Random(derive_seed(cfg.seed, "points", v)).sample(self.pool, sc.points_per_update)
-        points = self.rescored(batch, derive_seed(cfg.seed, "rescore", v), sc.rubric_temperature, sc.score_temperature,
+        points = self.rescored(batch, derive_seed(cfg.seed, "rescore", v), sc.rubric_temperature, sc.scoring_temperature,
                                keep_turns=True)
         t_gen = time.perf_counter() - t0
         rows, counts = stage_rows(points, train_scorer=sc.arm == "rubric_scorer", score_calls=sc.score_calls,
-                                  rng=random.Random(derive_seed(cfg.seed, "score_calls", v)))
+                                  rng=random.Random(derive_seed(cfg.seed, "score_calls", v)),
+                                  decode=self.policy.decode if sc.arm == "rubric_belief" else None)
         before = self.measure_rows(rows) if sc.measure_step and rows else None
         stats, grad_norm = self.train_rows(rows)
         if before is not None:
@@ -296,7 +337,7 @@ class RubricStage(Trainer):
         m = point_metrics(points, self.policy.decode)
         return {"version": v, "points": m["points"], "mixed": m["mixed"], "pairwise_accuracy": m["pairwise_accuracy"],
                 "belief_accuracy": m["belief_accuracy"],
-                "ranking_loss": m["ranking_loss"], "rubric_validity": m["rubric_validity"],
+                "ranking_loss": m["ranking_loss"], "belief_loss": m["belief_loss"], "rubric_validity": m["rubric_validity"],
                 "score_validity": m["score_validity"], **counts, "loss": round(stats["loss"], 8), "grad_norm": round(grad_norm, 6),
                 "seconds_generation": round(t_gen, 1), "seconds_update": round(time.perf_counter() - t0 - t_gen, 1),
                 "seconds": round(time.perf_counter() - t0, 1)}
