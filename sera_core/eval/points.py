@@ -49,7 +49,7 @@ from typing import Any
 from sera_core.agents.actors import noisy_expert
 from sera_core.agents.points import DelegationPoint
 from sera_core.agents.runtime import Runtime, RuntimeConfig
-from sera_core.rubrics import ranking_loss
+from sera_core.rubrics import RankingResult, ranking_loss
 
 
 def heldout_points(benchmark: str, records: Sequence[dict], *, counterfactual: int = 8, seed: int = 0,
@@ -119,6 +119,13 @@ def branch_beliefs(point: DelegationPoint, decode: Callable[[list[int]], str]) -
     return out
 
 
+def mixed_rankings(points: Sequence[DelegationPoint], values: Sequence[Sequence[float | None]]) -> list[RankingResult]:
+    """:func:`~sera_core.rubrics.ranking_loss` of each point's per-branch ``values`` (its
+    scores or beliefs; None counted as 0) against its labels, for the mixed groups only."""
+    rankings = [ranking_loss([0.0 if v is None else v for v in vs], p.labels) for p, vs in zip(points, values, strict=True)]
+    return [r for r in rankings if not r.skipped]
+
+
 def point_metrics(points: Sequence[DelegationPoint], decode: Callable[[list[int]], str] | None = None) -> dict[str, Any]:
     """Pairwise accuracy and ranking loss over the points' mixed groups (mean and 95% half
     interval), how many groups were mixed, and the validity of the rubrics and scores; with
@@ -130,14 +137,13 @@ def point_metrics(points: Sequence[DelegationPoint], decode: Callable[[list[int]
     score of 0 here, so a model that writes no valid rubric gets accuracy 1/2 and loss 0.2
     (every pair ties) instead of dropping out of the average. (Training instead gives such
     a group no datum: :mod:`sera_core.rewards.rubric_ranking`.)"""
-    rankings = [ranking_loss([0.0 if s is None else s for s in p.scores], p.labels) for p in points]
-    valid = [r for r in rankings if not r.skipped]
+    valid = mixed_rankings(points, [p.scores for p in points])
     accuracy, accuracy_ci = mean_interval([r.accuracy for r in valid])
     loss, loss_ci = mean_interval([r.loss for r in valid])
     called = [b for p in points if p.rubric is not None for b in p.branches if b.score_turn is not None]
     belief: dict[str, Any] = {}
     if decode is not None:
-        ranked = [r for p in points if not (r := ranking_loss([0.0 if b is None else b for b in branch_beliefs(p, decode)], p.labels)).skipped]
+        ranked = mixed_rankings(points, [branch_beliefs(p, decode) for p in points])
         belief["belief_accuracy"], belief["belief_accuracy_ci"] = mean_interval([r.accuracy for r in ranked])
         belief["belief_loss"] = mean_interval([r.loss for r in ranked])[0]
     return {"points": len(points), "mixed": len(valid), "pairwise_accuracy": accuracy, "pairwise_accuracy_ci": accuracy_ci,
