@@ -17,6 +17,9 @@ Every run resumes from its last update and measurement, so the script can be kil
 started again at any point; ``--report`` only writes ``OUT/table.md``, ``OUT/results.json``
 and ``OUT/rubric_curve.png`` from what is done (``--figures DIR`` copies the figure and the
 results there as ``rubric_curve.png`` and ``rubric_curve.json``, which notebook 09 reads).
+A run that is not in ``OUT`` (another machine's, a session ago) enters the table from the
+committed record, ``--keep`` (``figures/rubric_curve.json``), when that was made with the
+same settings.
 Means ± 95% intervals over seeds (``1.96 * std / sqrt(n)``).
 
 ``nohup .venv/bin/python scripts/rubric_curve.py --out runs/rubric_curve > runs/rubric_curve.log 2>&1 &``
@@ -49,8 +52,26 @@ def number(value: str) -> float | None:
     return float(value) if value not in ("", None) else None
 
 
-def collect(out: Path, arms: list[str], seeds: list[int], updates: int) -> dict:
-    """Per arm, the finished runs' held-out rows (start and end) and update rows."""
+SETTINGS = ("updates", "points_per_update", "eval_every", "score_calls", "lr", "config")
+"""The arguments a kept run must share with this invocation to enter its table."""
+
+
+def kept_runs(path: Path, args: argparse.Namespace) -> dict[tuple[str, int], dict]:
+    """The finished runs recorded in an earlier ``results.json`` (``--keep``), by (arm, seed):
+    ``runs/`` does not outlive a machine, the committed record does. Raises ``SystemExit``
+    when the record was made with other settings (the table would mix budgets)."""
+    if not path.exists():
+        return {}
+    record = json.loads(path.read_text())
+    theirs, ours = ({k: a.get(k) for k in SETTINGS} for a in (record["args"], vars(args)))
+    if theirs != ours:
+        raise SystemExit(f"{path} was made with {theirs}, not {ours}: pass the same settings, or another --keep")
+    return {(arm, r["seed"]): r for arm, runs in record["results"].items() for r in runs}
+
+
+def collect(out: Path, arms: list[str], seeds: list[int], updates: int, kept: dict[tuple[str, int], dict]) -> dict:
+    """Per arm, the finished runs' held-out rows (start and end) and update rows: a run in
+    ``out`` where it finished there, else its ``kept`` record, if any."""
     results: dict[str, list[dict]] = {}
     for arm in arms:
         for seed in seeds:
@@ -58,6 +79,8 @@ def collect(out: Path, arms: list[str], seeds: list[int], updates: int) -> dict:
             held = read_csv(run / "heldout.csv")
             ups = read_csv(run / "updates.csv")
             if not held or int(held[-1]["version"]) != updates:
+                if (arm, seed) in kept:
+                    results.setdefault(arm, []).append(kept[arm, seed])
                 continue
             results.setdefault(arm, []).append({
                 "seed": seed, "heldout": [{k: number(v) for k, v in r.items()} for r in held],
@@ -133,6 +156,8 @@ def main() -> None:
     parser.add_argument("--out", default="runs/rubric_curve")
     parser.add_argument("--report", action="store_true", help="only write the table and figure from what is done")
     parser.add_argument("--figures", default=None, help="also copy the figure into this folder (e.g. figures)")
+    parser.add_argument("--keep", default="figures/rubric_curve.json",
+                        help="an earlier results.json whose finished runs fill the table where OUT lacks them ('' for none)")
     parser.add_argument("--one", nargs=2, metavar=("ARM", "SEED"), help=argparse.SUPPRESS)  # one run, in a child process
     args = parser.parse_args()
     out = Path(args.out)
@@ -147,7 +172,7 @@ def main() -> None:
             for seed in args.seeds:  # each run in its own process: its engine's memory goes with it
                 print(f"[{time.strftime('%H:%M:%S')}] {arm} seed {seed}", flush=True)
                 subprocess.run([sys.executable, __file__, *sys.argv[1:], "--one", arm, str(seed)], check=True)
-    results = collect(out, args.arms, args.seeds, args.updates)
+    results = collect(out, args.arms, args.seeds, args.updates, kept_runs(Path(args.keep), args) if args.keep else {})
     table = report(results)
     (out / "table.md").write_text(table + "\n")
     (out / "results.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1) + "\n")

@@ -12,7 +12,7 @@ from sera_core.agents.actors import PolicyActor
 from sera_core.agents.corpus import default_tokenizer
 from sera_core.agents.runtime import Runtime, RuntimeConfig
 from sera_core.course import noisy_expert, pick_tasks
-from sera_core.eval.points import branch_beliefs, heldout_points, point_metrics, success_belief
+from sera_core.eval.points import branch_beliefs, gate_ceiling, heldout_points, point_metrics, rubric_spread, success_belief
 from sera_core.policy.base import Generation, per_prompt
 from sera_core.policy.chat import ChatFormat
 from sera_core.rubrics import GLOBAL_RUBRIC
@@ -109,3 +109,49 @@ def test_belief_accuracy_ranks_branches_that_the_greedy_score_ties(points):
         by_hand.append(sum(1.0 if a > c else 0.5 if a == c else 0.0 for a, c in pairs) / len(pairs))
     assert m["belief_accuracy"] == round(sum(by_hand) / len(by_hand), 4) != 0.5
     assert "belief_accuracy" not in point_metrics(rescored)
+    assert 0.5 <= m["gate_ceiling"] <= 1.0 and m["gate_threshold"] is not None
+
+
+def test_the_gate_ceiling_is_the_best_single_threshold_on_the_beliefs(points):
+    """Two points by hand. A: successes believed 0.9, failures 0.8 (one failure unscored:
+    None, counted 0); B inverted: successes 0.7, failures 0.85. Belief order: A right (1),
+    B wrong (0), mean 1/2. One threshold for both, g = 1[q >= tau]:
+    tau above 0.9: every gate false, ties, 1/2; tau = 0.9: A 1, B ties 1/2, mean 3/4;
+    tau = 0.85: A 1, B 0, 1/2; tau = 0.8: A's failures but the unscored one pass, B 0;
+    tau <= 0.7: ties again. The best is 3/4 at 0.9: above the belief accuracy, because a
+    threshold over B's beliefs turns its wrong order into ties."""
+    a, b = points[0], points[1]
+    qa = [0.9 if y else 0.8 for y in a.labels]
+    qa[a.labels.index(False)] = None
+    qb = [0.7 if y else 0.85 for y in b.labels]
+    assert gate_ceiling([a, b], [qa, qb]) == (0.75, 0.9)
+    assert gate_ceiling([a], [[0.5] * len(a.labels)]) == (0.5, 0.5)  # no order to keep: every threshold ties
+    assert gate_ceiling([], []) == (None, None)
+
+
+def test_rubric_spread_separates_what_the_rubric_moves_from_what_the_branch_does(points):
+    """Two points, two rubrics each, by hand. Rubric 0: A right (successes 0.9, failures 0.8:
+    1), B wrong (0.7 / 0.85: 0). Rubric 1: A ties (all 0.5: 1/2), B right (0.9 / 0.6: 1).
+    mean = (3/4 + 1/2) / 2, best = (1 + 1) / 2, worst = (1/2 + 0) / 2. A success branch of A
+    moves 0.9 -> 0.5 across rubrics (variance 0.04), a failure 0.8 -> 0.5 (0.0225); the
+    branches' rubric-averaged beliefs are 0.7 and 0.65."""
+    a, b = points[0], points[1]
+
+    def by_label(point, good, bad):
+        return [good if y else bad for y in point.labels]
+
+    beliefs = [[by_label(a, 0.9, 0.8), by_label(b, 0.7, 0.85)], [by_label(a, 0.5, 0.5), by_label(b, 0.9, 0.6)]]
+    got = rubric_spread([a, b], beliefs)
+    assert (got["rubrics"], got["points"]) == (2, 2)
+    assert (got["mean_accuracy"], got["best_accuracy"], got["worst_accuracy"]) == (0.625, 1.0, 0.25)
+
+    def spread(point, var_good, var_bad, mean_gap):
+        n_good, n_bad = point.labels.count(True), point.labels.count(False)
+        within = math.sqrt((n_good * var_good + n_bad * var_bad) / (n_good + n_bad))
+        return within, mean_gap * math.sqrt(n_good * n_bad) / (n_good + n_bad)
+
+    (wa, ba), (wb, bb) = spread(a, 0.04, 0.0225, 0.05), spread(b, 0.01, 0.015625, 0.075)
+    assert got["across_rubrics"] == pytest.approx((wa + wb) / 2, abs=1e-4)
+    assert got["across_branches"] == pytest.approx((ba + bb) / 2, abs=1e-4)
+    with pytest.raises(ValueError, match="at least 2 rubrics"):
+        rubric_spread([a, b], beliefs[:1])

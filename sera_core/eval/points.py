@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
-from statistics import fmean, stdev
+from statistics import fmean, pstdev, pvariance, stdev
 from typing import Any
 
 from sera_core.agents.actors import noisy_expert
@@ -126,12 +126,74 @@ def mixed_rankings(points: Sequence[DelegationPoint], values: Sequence[Sequence[
     return [r for r in rankings if not r.skipped]
 
 
+def gate_ceiling(points: Sequence[DelegationPoint], beliefs: Sequence[Sequence[float | None]]) -> tuple[float | None, float | None]:
+    """The best mean pairwise accuracy a greedy *gate* could show if training moved only its
+    bias, and the threshold that gives it: ``(accuracy, tau)``, over the mixed points.
+
+    A shift ``delta`` of the gate's logit turns each call's belief ``q_b`` into
+    ``sigmoid(logit(q_b) + delta)``; the greedy call writes ``true`` where that is at least 1/2,
+    i.e. where ``q_b >= tau = sigmoid(-delta)``: one threshold for every call. Reading the gate
+    alone as the score (``g_b = 1[q_b >= tau]``, a missing belief counted as 0), each point's
+    pairwise accuracy is that of :func:`mixed_rankings`, and::
+
+        ceiling = max over tau of mean over mixed points of accuracy(1[q >= tau])
+
+    ``tau`` runs over every belief value (and above the largest: every gate ``false``, every pair
+    tied, 1/2; the lowest of equally good thresholds is returned). It is chosen on the points
+    themselves, so it is an upper bound of what a pure bias shift gives, not an estimate. It
+    is not bounded by the belief accuracy: a threshold above all of a point's beliefs turns
+    its wrong order into ties (1/2), while one bit per branch loses the order within the
+    points whose beliefs straddle it. ``(None, None)`` without a mixed point."""
+    filled = [[0.0 if v is None else v for v in vs] for vs in beliefs]
+    best: tuple[float | None, float | None] = (None, None)
+    for tau in sorted({v for vs in filled for v in vs} | {math.inf}):
+        ranked = mixed_rankings(points, [[float(v >= tau) for v in vs] for vs in filled])
+        if ranked and (best[0] is None or fmean(r.accuracy for r in ranked) > best[0]):
+            best = (fmean(r.accuracy for r in ranked), tau)
+    return (None, None) if best[0] is None else (round(best[0], 4), None if math.isinf(best[1]) else round(best[1], 4))
+
+
+def rubric_spread(points: Sequence[DelegationPoint], beliefs: Sequence[Sequence[Sequence[float | None]]]) -> dict[str, Any]:
+    """How much the rubric moves the scorer's belief: the same branches scored against ``R``
+    rubrics per point. ``beliefs[r][i][b]`` is :func:`branch_beliefs` of branch ``b`` of point
+    ``i`` scored against its ``r``-th rubric (a missing belief counted as 0).
+
+    Over the mixed points (``acc[r][i]``: the pairwise accuracy of ``beliefs[r][i]``)::
+
+        mean_accuracy  = mean_i mean_r acc[r][i]     what a rubric drawn from the writer gives
+        best_accuracy  = mean_i max_r acc[r][i]      a writer that always wrote its best draw
+        worst_accuracy = mean_i min_r acc[r][i]
+        across_rubrics  = mean_i sqrt(mean_b var_r q[r][i][b])   a branch's spread over rubrics
+        across_branches = mean_i std_b (mean_r q[r][i][b])       the branches' spread, rubric averaged
+
+    (population variances). ``best - mean`` bounds what training the writer could gain on
+    these points by choosing among what it already writes; ``across_rubrics`` against
+    ``across_branches`` says whether the rubric or the branch decides the belief. Needs
+    ``R >= 2``; None values without a mixed point."""
+    if len(beliefs) < 2 or any(len(b) != len(points) for b in beliefs):
+        raise ValueError(f"need beliefs for every point under at least 2 rubrics, got {[len(b) for b in beliefs]} for {len(points)} points")
+    keep = [i for i, p in enumerate(points) if True in p.labels and False in p.labels]
+    acc = [[r.accuracy for r in mixed_rankings([points[i] for i in keep], [run[i] for i in keep])] for run in beliefs]
+    q = [[[0.0 if v is None else v for v in run[i]] for run in beliefs] for i in keep]  # q[i][r][b]
+    within = [math.sqrt(fmean(pvariance(col) for col in zip(*qi, strict=True))) for qi in q]  # col: one branch over rubrics
+    between = [pstdev([fmean(col) for col in zip(*qi, strict=True)]) for qi in q]
+    per_point = list(zip(*acc, strict=True))  # per_point[i][r]
+
+    def mean(xs: list[float]) -> float | None:
+        return round(fmean(xs), 4) if xs else None
+
+    return {"rubrics": len(beliefs), "points": len(keep), "mean_accuracy": mean([fmean(a) for a in per_point]),
+            "best_accuracy": mean([max(a) for a in per_point]), "worst_accuracy": mean([min(a) for a in per_point]),
+            "across_rubrics": mean(within), "across_branches": mean(between)}
+
+
 def point_metrics(points: Sequence[DelegationPoint], decode: Callable[[list[int]], str] | None = None) -> dict[str, Any]:
     """Pairwise accuracy and ranking loss over the points' mixed groups (mean and 95% half
     interval), how many groups were mixed, and the validity of the rubrics and scores; with
     ``decode``, also the belief accuracy (``belief_accuracy``, ``belief_accuracy_ci``: the
-    pairwise accuracy of :func:`branch_beliefs`, module docstring) and ``belief_loss``, the
-    mean ranking loss of the same beliefs.
+    pairwise accuracy of :func:`branch_beliefs`, module docstring), ``belief_loss``, the
+    mean ranking loss of the same beliefs, and ``gate_ceiling`` / ``gate_threshold``, the
+    most a shift of the gate's bias alone could give the greedy readout (:func:`gate_ceiling`).
 
     A branch without a score (its rubric or its scoring output did not parse) counts as a
     score of 0 here, so a model that writes no valid rubric gets accuracy 1/2 and loss 0.2
@@ -143,9 +205,11 @@ def point_metrics(points: Sequence[DelegationPoint], decode: Callable[[list[int]
     called = [b for p in points if p.rubric is not None for b in p.branches if b.score_turn is not None]
     belief: dict[str, Any] = {}
     if decode is not None:
-        ranked = mixed_rankings(points, [branch_beliefs(p, decode) for p in points])
+        beliefs = [branch_beliefs(p, decode) for p in points]
+        ranked = mixed_rankings(points, beliefs)
         belief["belief_accuracy"], belief["belief_accuracy_ci"] = mean_interval([r.accuracy for r in ranked])
         belief["belief_loss"] = mean_interval([r.loss for r in ranked])[0]
+        belief["gate_ceiling"], belief["gate_threshold"] = gate_ceiling(points, beliefs)
     return {"points": len(points), "mixed": len(valid), "pairwise_accuracy": accuracy, "pairwise_accuracy_ci": accuracy_ci,
             "ranking_loss": loss, "ranking_loss_ci": loss_ci,
             "rubric_validity": round(sum(p.rubric is not None for p in points) / len(points), 4) if points else None,

@@ -61,7 +61,9 @@ Before training and every ``eval_every`` updates the policy rescores the **held-
 with both calls at temperature 0: pairwise accuracy, ranking loss (95% intervals over points),
 the belief accuracy (the same greedy calls ranked by the probability they put on ``success:
 true``, :func:`~sera_core.eval.points.success_belief`: what the scorer's reward trains, visible
-before its greedy answer flips) and validity (:func:`~sera_core.eval.points.point_metrics`),
+before its greedy answer flips), the gate ceiling (the most a shift of the gate's bias alone
+could give the greedy readout, :func:`~sera_core.eval.points.gate_ceiling`) and validity
+(:func:`~sera_core.eval.points.point_metrics`),
 one row of ``heldout.csv`` per measurement. Each update writes a row of ``updates.csv``; a checkpoint follows every update,
 so a killed run resumes at its last update and measurement with nothing repeated or lost.
 """
@@ -105,7 +107,8 @@ UPDATE_COLUMNS = ("version", "points", "mixed", "pairwise_accuracy", "belief_acc
                   "score_validity", "datums_rubric", "datums_score", "tokens_rubric", "tokens_score", "loss",
                   "grad_norm", "seconds_generation", "seconds_update", "seconds")
 HELDOUT_COLUMNS = ("version", "points", "mixed", "pairwise_accuracy", "pairwise_accuracy_ci", "belief_accuracy",
-                   "belief_accuracy_ci", "ranking_loss", "ranking_loss_ci", "rubric_validity", "score_validity", "seconds")
+                   "belief_accuracy_ci", "gate_ceiling", "gate_threshold", "ranking_loss", "ranking_loss_ci", "rubric_validity",
+                   "score_validity", "seconds")
 
 
 @dataclass(frozen=True)
@@ -295,7 +298,7 @@ class RubricStage(Trainer):
         shared by every arm and seed, ``start_file``)."""
         if self.updates_done == 0 and self.start_file.exists():
             row = json.loads(self.start_file.read_text())
-            if "belief_accuracy" in row:  # a file from before the belief readout is measured again
+            if "gate_ceiling" in row:  # a file from before the belief readout or the gate ceiling is measured again
                 return row
         t0 = time.perf_counter()
         out = self.rescored(self.heldout, derive_seed(0, "heldout"), 0.0, 0.0, progress=self.progress)
