@@ -28,7 +28,7 @@ from pathlib import Path
 
 def main() -> None:
     from sera_core.eval.points import branch_beliefs, point_metrics, rubric_spread
-    from sera_core.tiny.rubric_stage import RubricStage, RubricStageConfig
+    from sera_core.tiny.rubric_stage import RubricStage, RubricStageConfig, stage_points
     from sera_core.utils.seeding import derive_seed
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -41,23 +41,26 @@ def main() -> None:
         parser.error("--rubrics must be at least 2")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    # the stage gives the policy, its engine settings and the held-out points; it trains nothing here
-    # (its config counts one update because a training config must have one)
-    stage = RubricStage(RubricStageConfig(arm="rubric_belief", updates=1, points_dir=args.points_dir, out=str(out / "stage")))
+    cfg = RubricStageConfig(arm="rubric_belief", updates=1, points_dir=args.points_dir, out=str(out / "stage"))
+    heldout = stage_points("textcraft", "val", cfg.heldout_tasks, Path(args.points_dir) / f"heldout_textcraft_{cfg.heldout_tasks}.jsonl", last=True)
+    stage = None
     beliefs, metrics = [], []
     for r in range(args.rubrics):
         path = out / f"draw{r}.json"
         if not path.exists():
+            # the stage gives the policy and its engine settings; it trains nothing here (its config
+            # counts one update because a training config must have one), and loads only for a missing draw
+            stage = stage or RubricStage(cfg)
             t0 = time.perf_counter()
-            print(f"[{time.strftime('%H:%M:%S')}] draw {r}: {len(stage.heldout)} rubrics at temperature 1, branches scored greedily", flush=True)
-            points = stage.rescored(stage.heldout, derive_seed(0, "rubric_probe", r), 1.0, 0.0, progress=True)
+            print(f"[{time.strftime('%H:%M:%S')}] draw {r}: {len(heldout)} rubrics at temperature 1, branches scored greedily", flush=True)
+            points = stage.rescored(heldout, derive_seed(0, "rubric_probe", r), 1.0, 0.0, progress=True)
             record = {"beliefs": [branch_beliefs(p, stage.policy.decode) for p in points],
                       "metrics": point_metrics(points, stage.policy.decode) | {"seconds": round(time.perf_counter() - t0, 1)}}
             path.write_text(json.dumps(record) + "\n")
         record = json.loads(path.read_text())
         beliefs.append(record["beliefs"])
         metrics.append(record["metrics"])
-    summary = {"rubrics": args.rubrics, "spread": rubric_spread(stage.heldout, beliefs), "draws": metrics}
+    summary = {"rubrics": args.rubrics, "spread": rubric_spread(heldout, beliefs), "draws": metrics}
     (out / "probe.json").write_text(json.dumps(summary, indent=1) + "\n")
     if args.figures:
         shutil.copy(out / "probe.json", Path(args.figures) / "rubric_probe.json")

@@ -134,15 +134,18 @@ def test_rubric_spread_separates_what_the_rubric_moves_from_what_the_branch_does
     1), B wrong (0.7 / 0.85: 0). Rubric 1: A ties (all 0.5: 1/2), B right (0.9 / 0.6: 1).
     mean = (3/4 + 1/2) / 2, best = (1 + 1) / 2, worst = (1/2 + 0) / 2. A success branch of A
     moves 0.9 -> 0.5 across rubrics (variance 0.04), a failure 0.8 -> 0.5 (0.0225); the
-    branches' rubric-averaged beliefs are 0.7 and 0.65."""
+    branches' rubric-averaged beliefs are 0.7 and 0.65. A third point with a missing belief
+    stays out of every number (it would count as 0 and measure validity, not the rubric)."""
     a, b = points[0], points[1]
 
     def by_label(point, good, bad):
         return [good if y else bad for y in point.labels]
 
-    beliefs = [[by_label(a, 0.9, 0.8), by_label(b, 0.7, 0.85)], [by_label(a, 0.5, 0.5), by_label(b, 0.9, 0.6)]]
-    got = rubric_spread([a, b], beliefs)
-    assert (got["rubrics"], got["points"]) == (2, 2)
+    c = points[2]  # a third point, one of whose branches did not parse under the second rubric: left out
+    beliefs = [[by_label(a, 0.9, 0.8), by_label(b, 0.7, 0.85), by_label(c, 0.9, 0.1)],
+               [by_label(a, 0.5, 0.5), by_label(b, 0.9, 0.6), [None] + by_label(c, 0.9, 0.1)[1:]]]
+    got = rubric_spread([a, b, c], beliefs)
+    assert (got["rubrics"], got["points"], got["incomplete"]) == (2, 2, 1)
     assert (got["mean_accuracy"], got["best_accuracy"], got["worst_accuracy"]) == (0.625, 1.0, 0.25)
 
     def spread(point, var_good, var_bad, mean_gap):
@@ -154,4 +157,4 @@ def test_rubric_spread_separates_what_the_rubric_moves_from_what_the_branch_does
     assert got["across_rubrics"] == pytest.approx((wa + wb) / 2, abs=1e-4)
     assert got["across_branches"] == pytest.approx((ba + bb) / 2, abs=1e-4)
     with pytest.raises(ValueError, match="at least 2 rubrics"):
-        rubric_spread([a, b], beliefs[:1])
+        rubric_spread([a, b, c], beliefs[:1])

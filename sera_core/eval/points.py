@@ -156,9 +156,13 @@ def gate_ceiling(points: Sequence[DelegationPoint], beliefs: Sequence[Sequence[f
 def rubric_spread(points: Sequence[DelegationPoint], beliefs: Sequence[Sequence[Sequence[float | None]]]) -> dict[str, Any]:
     """How much the rubric moves the scorer's belief: the same branches scored against ``R``
     rubrics per point. ``beliefs[r][i][b]`` is :func:`branch_beliefs` of branch ``b`` of point
-    ``i`` scored against its ``r``-th rubric (a missing belief counted as 0).
+    ``i`` scored against its ``r``-th rubric.
 
-    Over the mixed points (``acc[r][i]``: the pairwise accuracy of ``beliefs[r][i]``)::
+    Only the *complete* mixed points enter: those with a belief for every branch under every
+    rubric. A missing one (a rubric or a score that did not parse) would count as 0 in
+    :func:`point_metrics` and make the spread across rubrics measure validity instead of the
+    rubric's effect; how many points were left out is ``incomplete``. Over the complete
+    points (``acc[r][i]``: the pairwise accuracy of ``q[r][i]``)::
 
         mean_accuracy  = mean_i mean_r acc[r][i]     what a rubric drawn from the writer gives
         best_accuracy  = mean_i max_r acc[r][i]      a writer that always wrote its best draw
@@ -167,14 +171,15 @@ def rubric_spread(points: Sequence[DelegationPoint], beliefs: Sequence[Sequence[
         across_branches = mean_i std_b (mean_r q[r][i][b])       the branches' spread, rubric averaged
 
     (population variances). ``best - mean`` bounds what training the writer could gain on
-    these points by choosing among what it already writes; ``across_rubrics`` against
-    ``across_branches`` says whether the rubric or the branch decides the belief. Needs
-    ``R >= 2``; None values without a mixed point."""
+    these points by choosing among what it already writes (chosen in-sample: an upper bound);
+    ``across_rubrics`` against ``across_branches`` says whether the rubric or the branch
+    decides the belief. Needs ``R >= 2``; None values without a complete point."""
     if len(beliefs) < 2 or any(len(b) != len(points) for b in beliefs):
         raise ValueError(f"need beliefs for every point under at least 2 rubrics, got {[len(b) for b in beliefs]} for {len(points)} points")
-    keep = [i for i, p in enumerate(points) if True in p.labels and False in p.labels]
+    mixed = [i for i, p in enumerate(points) if True in p.labels and False in p.labels]
+    keep = [i for i in mixed if all(v is not None for run in beliefs for v in run[i])]
     acc = [[r.accuracy for r in mixed_rankings([points[i] for i in keep], [run[i] for i in keep])] for run in beliefs]
-    q = [[[0.0 if v is None else v for v in run[i]] for run in beliefs] for i in keep]  # q[i][r][b]
+    q = [[run[i] for run in beliefs] for i in keep]  # q[i][r][b]
     within = [math.sqrt(fmean(pvariance(col) for col in zip(*qi, strict=True))) for qi in q]  # col: one branch over rubrics
     between = [pstdev([fmean(col) for col in zip(*qi, strict=True)]) for qi in q]
     per_point = list(zip(*acc, strict=True))  # per_point[i][r]
@@ -182,9 +187,9 @@ def rubric_spread(points: Sequence[DelegationPoint], beliefs: Sequence[Sequence[
     def mean(xs: list[float]) -> float | None:
         return round(fmean(xs), 4) if xs else None
 
-    return {"rubrics": len(beliefs), "points": len(keep), "mean_accuracy": mean([fmean(a) for a in per_point]),
-            "best_accuracy": mean([max(a) for a in per_point]), "worst_accuracy": mean([min(a) for a in per_point]),
-            "across_rubrics": mean(within), "across_branches": mean(between)}
+    return {"rubrics": len(beliefs), "points": len(keep), "incomplete": len(mixed) - len(keep),
+            "mean_accuracy": mean([fmean(a) for a in per_point]), "best_accuracy": mean([max(a) for a in per_point]),
+            "worst_accuracy": mean([min(a) for a in per_point]), "across_rubrics": mean(within), "across_branches": mean(between)}
 
 
 def point_metrics(points: Sequence[DelegationPoint], decode: Callable[[list[int]], str] | None = None) -> dict[str, Any]:
