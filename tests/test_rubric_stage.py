@@ -184,10 +184,12 @@ def test_a_run_trains_both_calls_and_resumes_after_an_interruption(tmp_path):
     start = json.loads(first.start_file.read_text())
     assert start["points"] == 1 and start["version"] == 0
     assert 0.0 <= start["belief_accuracy"] <= 1.0  # the greedy calls' probability of "success: true", ranked
+    assert 0.5 <= start["gate_ceiling"] <= 1.0  # the best threshold on it: all ties (1/2) at worst
     del first
     gc.collect()
     again = RubricStage(cfg, progress=False).run()
     assert [r["version"] for r in again["updates"]] == ["0", "1"] and [r["version"] for r in again["heldout"]] == ["0", "2"]
     assert [r["version"] for r in read(tmp_path / "run" / "updates.csv")] == ["0", "1"]
     assert all(0.0 <= float(r["belief_accuracy"]) <= 1.0 for r in again["heldout"] + again["updates"])
+    assert all(0.5 <= float(r["gate_ceiling"]) <= 1.0 for r in again["heldout"])
     assert read_checkpoint(tmp_path / "run" / "checkpoint")["version"] == 2
