@@ -12,7 +12,7 @@ by choosing among what it already writes. Each draw's :func:`~sera_core.eval.poi
 
 Each draw is saved as it finishes (``OUT/draw<r>.json``) and skipped on a rerun, so the
 script resumes; the summary goes to ``OUT/probe.json`` (``--figures DIR``: copied there as
-``rubric_probe.json``). About 12 minutes a draw on 2 cores (306 calls).
+``rubric_probe.json``). About 6 minutes a draw alone on 2 cores (306 calls).
 
 ``nohup .venv/bin/python scripts/rubric_probe.py --out runs/rubric_probe --figures figures > runs/rubric_probe.log 2>&1 &``
 """
@@ -32,7 +32,7 @@ def main() -> None:
     from sera_core.utils.seeding import derive_seed
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rubrics", type=int, default=3, help="rubrics drawn per held-out point (>= 2)")
+    parser.add_argument("--rubrics", type=int, default=4, help="rubrics drawn per held-out point (>= 2)")
     parser.add_argument("--out", default="runs/rubric_probe")
     parser.add_argument("--points-dir", default="runs/rubric_curve", help="where curve 1 caches its held-out points")
     parser.add_argument("--figures", default=None, help="also copy probe.json into this folder as rubric_probe.json")
