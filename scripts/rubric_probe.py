@@ -28,7 +28,8 @@ from pathlib import Path
 
 def main() -> None:
     from sera_core.eval.points import branch_beliefs, point_metrics, rubric_spread
-    from sera_core.tiny.rubric_stage import RubricStage, RubricStageConfig, stage_points
+    from sera_core.tiny.rubric_stage import RubricStage, RubricStageConfig, heldout_set
+    from sera_core.train.config import load_config
     from sera_core.utils.seeding import derive_seed
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -42,7 +43,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = RubricStageConfig(arm="rubric_belief", updates=1, points_dir=args.points_dir, out=str(out / "stage"))
-    heldout = stage_points("textcraft", "val", cfg.heldout_tasks, Path(args.points_dir) / f"heldout_textcraft_{cfg.heldout_tasks}.jsonl", last=True)
+    heldout = heldout_set(cfg, load_config(cfg.config).env)  # the points RubricStage(cfg) measures, without its engine
     stage = None
     beliefs, metrics = [], []
     for r in range(args.rubrics):

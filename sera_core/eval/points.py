@@ -148,8 +148,9 @@ def gate_ceiling(points: Sequence[DelegationPoint], beliefs: Sequence[Sequence[f
     best: tuple[float | None, float | None] = (None, None)
     for tau in sorted({v for vs in filled for v in vs} | {math.inf}):
         ranked = mixed_rankings(points, [[float(v >= tau) for v in vs] for vs in filled])
-        if ranked and (best[0] is None or fmean(r.accuracy for r in ranked) > best[0]):
-            best = (fmean(r.accuracy for r in ranked), tau)
+        accuracy = fmean(r.accuracy for r in ranked) if ranked else None
+        if accuracy is not None and (best[0] is None or accuracy > best[0]):
+            best = (accuracy, tau)
     return (None, None) if best[0] is None else (round(best[0], 4), None if math.isinf(best[1]) else round(best[1], 4))
 
 

@@ -163,6 +163,11 @@ class RubricStageConfig:
     """Run folder: ``updates.csv``, ``heldout.csv``, ``checkpoint/``."""
 
     @property
+    def points_folder(self) -> Path:
+        """Where the pool and the held-out points are cached (:attr:`points_dir` resolved)."""
+        return Path(self.points_dir) if self.points_dir else Path(self.out).parent
+
+    @property
     def scoring_temperature(self) -> float:
         """The training scoring calls' temperature (:attr:`score_temperature` resolved)."""
         if self.score_temperature is not None:
@@ -259,6 +264,14 @@ def stage_points(benchmark: str, split: str, tasks: int, path: Path, *, last: bo
     return read_points(path)
 
 
+def heldout_set(cfg: RubricStageConfig, env: str) -> list[DelegationPoint]:
+    """``cfg``'s held-out points in ``env``: the mixed groups of the last ``heldout_tasks``
+    medium val tasks (cached in :attr:`~RubricStageConfig.points_folder`), the first
+    ``heldout_limit`` of them."""
+    path = cfg.points_folder / f"heldout_{env}_{cfg.heldout_tasks}.jsonl"
+    return stage_points(env, "val", cfg.heldout_tasks, path, last=True)[:cfg.heldout_limit]
+
+
 class RubricStage(Trainer):
     """The rubric stage on fixed branches (module docstring); ``run()`` trains and measures."""
 
@@ -269,11 +282,9 @@ class RubricStage(Trainer):
             overrides["lr"] = cfg.lr
         super().__init__(load_config(cfg.config, **overrides), progress=progress)
         self.stage_cfg = cfg
-        cache = Path(cfg.points_dir) if cfg.points_dir else Path(cfg.out).parent
-        env = self.cfg.env
+        cache, env = cfg.points_folder, self.cfg.env
         self.pool = stage_points(env, "train", cfg.pool_tasks, cache / f"pool_{env}_{cfg.pool_tasks}.jsonl", last=False)
-        held = stage_points(env, "val", cfg.heldout_tasks, cache / f"heldout_{env}_{cfg.heldout_tasks}.jsonl", last=True)
-        self.heldout = held[:cfg.heldout_limit]
+        self.heldout = heldout_set(cfg, env)
         self.last_rows: list[TokenRow] = []
         self.last_stats: dict[str, Any] = {}
         self.last_moved: dict[str, dict[str, float | None]] = {}
