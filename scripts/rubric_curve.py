@@ -10,7 +10,8 @@ greedy calls ranked by the probability they put on ``success: true``,
 :func:`~sera_core.eval.points.success_belief`).
 Arms (:data:`~sera_core.tiny.rubric_stage.ARMS`): ``rubric`` trains the rubric writer only
 (SERA's rubric stage as specified), ``rubric_scorer`` also the scoring calls (the workbook's
-extension; the module docstring says why), ``rubric_belief`` the writer only, rewarded by the
+extension; the module docstring says why), ``rubric_scorer_order`` the same with each scoring
+call credited by its share of the pairwise order instead of the hinge, ``rubric_belief`` the writer only, rewarded by the
 ranking of the greedy scorer's belief in success (the second extension, docs/fidelity.md).
 
 Every run resumes from its last update and measurement, so the script can be killed and
@@ -38,6 +39,7 @@ from pathlib import Path
 from statistics import fmean
 
 LABELS = {"rubric": "rubric writer trained (SERA's RT)", "rubric_scorer": "writer + scorer trained (extension)",
+          "rubric_scorer_order": "writer + scorer trained, order credit (extension)",
           "rubric_belief": "writer trained on the scorer's belief (extension)"}
 
 

@@ -312,6 +312,12 @@ class RankingResult:
         return None if self.loss is None else -self.loss
 
 
+def pair_order(good: float, bad: float) -> float:
+    """A (success, failure) pair's share of pairwise accuracy: 1 if the success scores above
+    the failure, 1/2 if they tie, 0 if reversed."""
+    return 1.0 if good > bad else 0.5 if good == bad else 0.0
+
+
 def ranking_loss(scores: Sequence[float | None], labels: Sequence[bool | None], margin: float = RANKING_MARGIN) -> RankingResult:
     """Hinge ranking loss over the (success, failure) pairs of one branch group.
 
@@ -326,7 +332,7 @@ def ranking_loss(scores: Sequence[float | None], labels: Sequence[bool | None], 
         return RankingResult(None, 0, None, True)
     pairs = [(p, n) for p in good for n in bad]
     loss = sum(max(0.0, margin - p + n) for p, n in pairs) / len(pairs)
-    accuracy = sum(1.0 if p > n else 0.5 if p == n else 0.0 for p, n in pairs) / len(pairs)
+    accuracy = sum(pair_order(p, n) for p, n in pairs) / len(pairs)
     return RankingResult(loss, len(pairs), accuracy, False)
 
 

@@ -76,6 +76,47 @@ def test_score_advantages_are_leave_one_out_and_skip_a_uniform_group(point, monk
     assert 0 not in dict(score_advantages(forced)) and len(score_advantages(forced)) == len(labels) - 1
 
 
+def test_the_order_credit_weighs_both_outcomes_alike_where_the_hinge_does_not(point):
+    """A scoring call that answers 0 instead of 1: under the hinge a failure's call gains 0.2 and
+    a success's loses 1.0 when every other call said 1.0 (the push towards ``true`` the long run
+    showed); under ``credit="order"`` each moves by exactly 1/2, whatever the other calls said."""
+    import random
+
+    labels = point.labels
+    fail, good = labels.index(False), labels.index(True)
+
+    def reward(scores, b, value, credit):
+        return branch_rewards(with_scores(point, [value if i == b else s for i, s in enumerate(scores)]), credit=credit)[b]
+
+    ones = [1.0] * len(labels)
+    for credit, gain, loss in (("hinge", 0.2, 1.0), ("order", 0.5, 0.5)):
+        assert reward(ones, fail, 0.0, credit) - reward(ones, fail, 1.0, credit) == pytest.approx(gain)
+        assert reward(ones, good, 1.0, credit) - reward(ones, good, 0.0, credit) == pytest.approx(loss)
+    rng = random.Random(3)
+    for _ in range(5):  # any answers of the other calls
+        others = [float(rng.random() < 0.5) for _ in labels]
+        for b, y in enumerate(labels):
+            moved = reward(others, b, 1.0, "order") - reward(others, b, 0.0, "order")
+            assert moved == pytest.approx(0.5 if y else -0.5)
+    # by hand: a failure tied with the successes at 0.9, the rest apart
+    scores = [0.9 if y else 0.3 for y in labels]
+    scores[fail] = 0.9
+    rewards = branch_rewards(with_scores(point, scores), credit="order")
+    n_good, n_bad = labels.count(True), labels.count(False)
+    assert rewards[fail] == 0.5
+    assert all(r == (0.5 if i == fail else 1.0 if not y else (n_bad - 1 + 0.5) / n_bad)
+               for i, (r, y) in enumerate(zip(rewards, labels, strict=True)))
+    adv = dict(score_advantages(with_scores(point, scores), "order"))
+    assert adv[fail] == pytest.approx(0.5 - (sum(rewards) - 0.5) / (n_good + n_bad - 1)) and adv[fail] < 0
+    p = with_scores(point, scores)
+    rows, count = stage_rows([replace(p, rewritten=p.branches[0].score_turn)], train_scorer=True, credit="order")
+    trained = sorted({round(a, 5) for r in rows for a, t in zip(r.advantage, r.trained, strict=True) if t})
+    moving = [a for a in adv.values() if abs(a) > 1e-9]  # a success's call tied with its mean: no datum
+    assert trained == sorted({round(a, 5) for a in moving}) and count["datums_score"] == len(moving)
+    with pytest.raises(ValueError, match="credit"):
+        branch_rewards(point, credit="brier")
+
+
 def test_the_trained_scoring_calls_are_drawn_from_those_that_move(point):
     """``stage_rows`` trains up to ``score_calls`` calls per point, never one whose ``A_b`` is 0."""
     import itertools
@@ -149,7 +190,7 @@ def test_config_refuses_bad_settings_before_any_work():
         RubricStageConfig(score_temperature=-0.5)
     # the belief arm reads the greedy call unless told otherwise; the others sample at 1
     assert RubricStageConfig(arm="rubric_belief").scoring_temperature == 0.0
-    assert RubricStageConfig(arm="rubric").scoring_temperature == 1.0
+    assert RubricStageConfig(arm="rubric").scoring_temperature == 1.0 == RubricStageConfig(arm="rubric_scorer_order").scoring_temperature
     assert RubricStageConfig(arm="rubric_belief", score_temperature=0.7).scoring_temperature == 0.7
 
 

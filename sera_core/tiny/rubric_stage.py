@@ -31,7 +31,21 @@ Per update ``v`` (a :class:`~sera_core.train.trainer.Trainer` with schedule
 
    over the branches of one point that were scored (a branch the runtime forced to 0 has no
    call; a malformed score leaves the ranking, as in :func:`~sera_core.rubrics.ranking_loss`,
-   and its call gets no datum); a point whose ``r_b`` are all equal gives none;
+   and its call gets no datum); a point whose ``r_b`` are all equal gives none. The
+   ``rubric_scorer_order`` arm rewards each call by its share of the pairwise *order* instead
+   (the held-out readout, :func:`~sera_core.rubrics.pair_order`)::
+
+       r_b = mean_{o of the other label} [1 if (b, o) in the right order, 1/2 if tied, 0 if reversed]
+
+   Why (measured, docs/measurements.md): on a scorer that answers 1 or 0, the hinge is
+   lopsided. With every other branch at 1.0, a failure's call that says ``false`` gains 0.2
+   (its terms fall from 0.2 to 0), a success's call that says ``false`` loses 1.0 (0.2 to 1.2):
+   the update pushes ``P("success": true)`` up five times harder than down, and a long
+   ``rubric_scorer`` run drove the gate's best threshold from 0.82 to 0.999 until its sampled
+   calls stopped disagreeing. Under the order credit, a call that answers ``false`` instead of
+   ``true`` (0 instead of 1) raises its ``r_b`` by 1/2 if its branch failed and lowers it by 1/2
+   if its branch succeeded, whatever the other calls answered: both outcomes weigh alike, and
+   the reward counts what the held-out readout counts;
 5. one CISPO step over those tokens (:func:`~sera_core.train.update.loss_and_backward`).
 
 The ``rubric_belief`` arm (the workbook's second extension) trains the writer only, as
@@ -90,7 +104,7 @@ from sera_core.agents.summary import read_points
 from sera_core.envs.registry import pick_tasks
 from sera_core.eval.points import branch_beliefs, heldout_points, point_metrics
 from sera_core.rewards import Datum
-from sera_core.rubrics import RANKING_MARGIN, RankingResult, ranking_loss
+from sera_core.rubrics import RANKING_MARGIN, RankingResult, pair_order, ranking_loss
 from sera_core.train.advantages import REWARD_TOLERANCE, Advantage, leave_one_out, rubric_advantages, uniform
 from sera_core.train.config import load_config
 from sera_core.train.trainer import Trainer, append_row, keep_rows
@@ -98,10 +112,13 @@ from sera_core.train.update import TokenRow, advantage_weighted_logprob, logprob
 from sera_core.utils.jsonio import write_atomic, write_jsonl
 from sera_core.utils.seeding import derive_seed
 
-ARMS = ("rubric", "rubric_scorer", "rubric_belief")
+ARMS = ("rubric", "rubric_scorer", "rubric_scorer_order", "rubric_belief")
 """``rubric``: SERA's rubric stage (the writer trained); ``rubric_scorer``: the writer and the
-scoring calls trained (module docstring, step 4); ``rubric_belief``: the writer trained on the
-ranking of the greedy scorer's beliefs (module docstring, after step 5)."""
+scoring calls trained (module docstring, step 4); ``rubric_scorer_order``: the same, the scoring
+calls rewarded by their share of the pairwise order (step 4); ``rubric_belief``: the writer
+trained on the ranking of the greedy scorer's beliefs (module docstring, after step 5)."""
+SCORER_ARMS = {"rubric_scorer": "hinge", "rubric_scorer_order": "order"}
+"""The arms that train the scoring calls, and the credit each call earns (:func:`branch_rewards`)."""
 
 UPDATE_COLUMNS = ("version", "points", "mixed", "pairwise_accuracy", "belief_accuracy", "ranking_loss", "belief_loss", "rubric_validity",
                   "score_validity", "datums_rubric", "datums_score", "tokens_rubric", "tokens_score", "loss",
@@ -138,7 +155,7 @@ class RubricStageConfig:
     """Sampling temperature of the scoring calls in training (held-out: 0, the official
     setting). None: 0 for ``rubric_belief`` (its reward reads the greedy call), else 1."""
     score_calls: int = 4
-    """Scoring calls trained per point (``rubric_scorer``): a seeded draw among those with a
+    """Scoring calls trained per point (the :data:`SCORER_ARMS`): a seeded draw among those with a
     datum, their advantages computed over all of them. A call's row is its whole prompt (the
     rubric, the task and the child's trajectory: about 2,500 tokens), so this bounds the
     update's cost: about 300 trained-row tokens a second on 2 cores."""
@@ -187,9 +204,16 @@ class RubricStageConfig:
             raise ValueError(f"heldout_limit must be >= 0 or None, got {self.heldout_limit}")
 
 
-def branch_rewards(point: DelegationPoint, margin: float = RANKING_MARGIN) -> list[float | None]:
-    """``r_b = -mean_{pairs (p, n) holding b} max(0, margin - s_p + s_n)`` for each branch in
-    the ranking (a label and a score), None for the others (module docstring, step 4)."""
+def branch_rewards(point: DelegationPoint, margin: float = RANKING_MARGIN, credit: str = "hinge") -> list[float | None]:
+    """Each branch's mean credit over the pairs ``(p, n)`` that hold it, for the branches in
+    the ranking (a label and a score), None for the others (module docstring, step 4):
+    ``credit="hinge"``: ``-max(0, margin - s_p + s_n)``; ``"order"``: ``1[s_p > s_n] + 1[s_p = s_n] / 2``."""
+    if credit not in ("hinge", "order"):
+        raise ValueError(f"credit must be 'hinge' or 'order', got {credit!r}")
+
+    def term(p: float, n: float) -> float:
+        return pair_order(p, n) if credit == "order" else -max(0.0, margin - p + n)
+
     scores, labels = point.scores, point.labels
     good = [i for i, (s, y) in enumerate(zip(scores, labels, strict=True)) if y is True and s is not None]
     bad = [i for i, (s, y) in enumerate(zip(scores, labels, strict=True)) if y is False and s is not None]
@@ -197,17 +221,17 @@ def branch_rewards(point: DelegationPoint, margin: float = RANKING_MARGIN) -> li
     if not good or not bad:
         return out
     for i in good:
-        out[i] = -fmean(max(0.0, margin - scores[i] + scores[n]) for n in bad)
+        out[i] = fmean(term(scores[i], scores[n]) for n in bad)
     for i in bad:
-        out[i] = -fmean(max(0.0, margin - scores[p] + scores[i]) for p in good)
+        out[i] = fmean(term(scores[p], scores[i]) for p in good)
     return out
 
 
-def score_advantages(point: DelegationPoint) -> list[tuple[int, float]]:
+def score_advantages(point: DelegationPoint, credit: str = "hinge") -> list[tuple[int, float]]:
     """``(branch, A_b)`` for the point's scoring calls in the ranking, ``A_b = r_b - mean_{b' != b} r_b'``
-    over those calls; none when their rewards are all equal (zero variance, to
-    :data:`~sera_core.train.advantages.REWARD_TOLERANCE`)."""
-    rewards = branch_rewards(point)
+    over those calls (``r_b``: :func:`branch_rewards` with ``credit``); none when their rewards
+    are all equal (zero variance, to :data:`~sera_core.train.advantages.REWARD_TOLERANCE`)."""
+    rewards = branch_rewards(point, credit=credit)
     called = [(b.branch, r) for b, r in zip(point.branches, rewards, strict=True) if r is not None and b.score_turn is not None]
     if uniform([r for _, r in called]):
         return []
@@ -224,11 +248,12 @@ def rubric_ranking(point: DelegationPoint, decode: Callable[[list[int]], str] | 
 
 
 def stage_rows(points: Sequence[DelegationPoint], *, train_scorer: bool, score_calls: int = 8,
-               rng: random.Random | None = None,
-               decode: Callable[[list[int]], str] | None = None) -> tuple[list[TokenRow], dict[str, int]]:
+               rng: random.Random | None = None, decode: Callable[[list[int]], str] | None = None,
+               credit: str = "hinge") -> tuple[list[TokenRow], dict[str, int]]:
     """The update's token rows: each rewritten rubric call with its ``A_g`` (rubric role; with
     ``decode``, its reward read from the beliefs, :func:`rubric_ranking`) and,
-    with ``train_scorer``, up to ``score_calls`` scoring calls per point (drawn with ``rng``
+    with ``train_scorer``, up to ``score_calls`` scoring calls per point (their ``A_b`` from
+    ``credit``, :func:`score_advantages`; drawn with ``rng``
     when there are more) with their ``A_b`` (score role); and the datums and trained tokens
     of each role. The draw is among the calls with ``A_b != 0`` (beyond
     :data:`~sera_core.train.advantages.REWARD_TOLERANCE`): a call that earned its
@@ -244,7 +269,7 @@ def stage_rows(points: Sequence[DelegationPoint], *, train_scorer: bool, score_c
     if train_scorer:
         rng = rng or random.Random(0)
         for p in points:
-            calls = [(branch, value) for branch, value in score_advantages(p) if abs(value) > REWARD_TOLERANCE]
+            calls = [(branch, value) for branch, value in score_advantages(p, credit) if abs(value) > REWARD_TOLERANCE]
             for branch, value in sorted(rng.sample(calls, min(score_calls, len(calls)))):
                 trained = turn_rows([p.branches[branch].score_turn], "score", value)
                 rows += trained
@@ -338,9 +363,10 @@ class RubricStage(Trainer):
         points = self.rescored(batch, derive_seed(cfg.seed, "rescore", v), sc.rubric_temperature, sc.scoring_temperature,
                                keep_turns=True)
         t_gen = time.perf_counter() - t0
-        rows, counts = stage_rows(points, train_scorer=sc.arm == "rubric_scorer", score_calls=sc.score_calls,
+        rows, counts = stage_rows(points, train_scorer=sc.arm in SCORER_ARMS, score_calls=sc.score_calls,
                                   rng=random.Random(derive_seed(cfg.seed, "score_calls", v)),
-                                  decode=self.policy.decode if sc.arm == "rubric_belief" else None)
+                                  decode=self.policy.decode if sc.arm == "rubric_belief" else None,
+                                  credit=SCORER_ARMS.get(sc.arm, "hinge"))
         before = self.measure_rows(rows) if sc.measure_step and rows else None
         stats, grad_norm = self.train_rows(rows)
         if before is not None:
