@@ -113,6 +113,15 @@ def test_the_order_credit_weighs_both_outcomes_alike_where_the_hinge_does_not(po
     trained = sorted({round(a, 5) for r in rows for a, t in zip(r.advantage, r.trained, strict=True) if t})
     moving = [a for a in adv.values() if abs(a) > 1e-9]  # a success's call tied with its mean: no datum
     assert trained == sorted({round(a, 5) for a in moving}) and count["datums_score"] == len(moving)
+    # a malformed call earns the least credit (0) under the order credit, none under the hinge;
+    # either way it leaves the other branches' pairs
+    broken = list(scores)
+    broken[good] = None
+    for credit, expected in (("order", 0.0), ("hinge", None)):
+        rewards = branch_rewards(with_scores(point, broken), credit=credit)
+        assert rewards[good] == expected
+    assert branch_rewards(with_scores(point, broken), credit="order")[fail] == 0.5  # still tied with every success left
+    assert good in dict(score_advantages(with_scores(point, broken), "order"))  # a datum, its tokens trained away from
     with pytest.raises(ValueError, match="credit"):
         branch_rewards(point, credit="brier")
 
