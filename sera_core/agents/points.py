@@ -54,6 +54,11 @@ class Branch:
     ``final_state`` (the text the score prompt shows) and ``outcome`` (the expert scorer's
     facts), so the branch can be scored again against another rubric (:meth:`~sera_core.agents.runtime.Runtime.rescore`)."""
 
+    @property
+    def malformed(self) -> bool:
+        """Whether the branch's scoring call was made and its output did not parse (no score)."""
+        return self.score is None and self.score_turn is not None
+
     def to_json(self) -> dict[str, Any]:
         return {"branch": self.branch, "tree": self.tree.to_json(), "finished": self.finished, "steps": self.steps,
                 "end": self.end, "state_after": self.state_after, "label": self.label,

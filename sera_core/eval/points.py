@@ -219,5 +219,5 @@ def point_metrics(points: Sequence[DelegationPoint], decode: Callable[[list[int]
     return {"points": len(points), "mixed": len(valid), "pairwise_accuracy": accuracy, "pairwise_accuracy_ci": accuracy_ci,
             "ranking_loss": loss, "ranking_loss_ci": loss_ci,
             "rubric_validity": round(sum(p.rubric is not None for p in points) / len(points), 4) if points else None,
-            "score_validity": round(sum(b.score is not None for b in called) / len(called), 4) if called else None,
+            "score_validity": round(sum(not b.malformed for b in called) / len(called), 4) if called else None,
             **belief}

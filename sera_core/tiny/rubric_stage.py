@@ -123,6 +123,8 @@ ARMS = ("rubric", "rubric_scorer", "rubric_scorer_order", "rubric_belief")
 scoring calls trained (module docstring, step 4); ``rubric_scorer_order``: the same, the scoring
 calls rewarded by their share of the pairwise order (step 4); ``rubric_belief``: the writer
 trained on the ranking of the greedy scorer's beliefs (module docstring, after step 5)."""
+CREDITS = ("hinge", "order")
+"""The credits a scoring call can earn (:func:`branch_rewards`)."""
 SCORER_ARMS = {"rubric_scorer": "hinge", "rubric_scorer_order": "order"}
 """The arms that train the scoring calls, and the credit each call earns (:func:`branch_rewards`)."""
 
@@ -216,8 +218,8 @@ def branch_rewards(point: DelegationPoint, margin: float = RANKING_MARGIN, credi
     ``credit="hinge"``: ``-max(0, margin - s_p + s_n)``; ``"order"``: ``1[s_p > s_n] + 1[s_p = s_n] / 2``,
     and a labelled branch whose scoring call was malformed earns 0, the least a call can
     (it stays out of the other branches' pairs, as in :func:`~sera_core.rubrics.ranking_loss`)."""
-    if credit not in ("hinge", "order"):
-        raise ValueError(f"credit must be 'hinge' or 'order', got {credit!r}")
+    if credit not in CREDITS:
+        raise ValueError(f"credit must be one of {CREDITS}, got {credit!r}")
 
     def term(p: float, n: float) -> float:
         return pair_order(p, n) if credit == "order" else -max(0.0, margin - p + n)
@@ -234,7 +236,7 @@ def branch_rewards(point: DelegationPoint, margin: float = RANKING_MARGIN, credi
         out[i] = fmean(term(scores[p], scores[i]) for p in good)
     if credit == "order":
         for i, b in enumerate(point.branches):
-            if b.score is None and b.score_turn is not None and b.label is not None:
+            if b.malformed and b.label is not None:
                 out[i] = 0.0
     return out
 
