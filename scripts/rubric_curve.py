@@ -11,7 +11,8 @@ greedy calls ranked by the probability they put on ``success: true``,
 Arms (:data:`~sera_core.tiny.rubric_stage.ARMS`): ``rubric`` trains the rubric writer only
 (SERA's rubric stage as specified), ``rubric_scorer`` also the scoring calls (the workbook's
 extension; the module docstring says why), ``rubric_scorer_order`` the same with each scoring
-call credited by its share of the pairwise order instead of the hinge, ``rubric_belief`` the writer only, rewarded by the
+call credited by its share of the pairwise order instead of the hinge, ``rubric_scorer_label``
+the writer and, by cross-entropy, the scoring calls' success gate toward the judge's label, ``rubric_belief`` the writer only, rewarded by the
 ranking of the greedy scorer's belief in success (the second extension, docs/fidelity.md).
 
 Every run resumes from its last update and measurement, so the script can be killed and
@@ -40,6 +41,7 @@ from statistics import fmean
 
 LABELS = {"rubric": "rubric writer trained (SERA's RT)", "rubric_scorer": "writer + scorer trained (extension)",
           "rubric_scorer_order": "writer + scorer trained, order credit (extension)",
+          "rubric_scorer_label": "writer trained, scorer's gate toward the label (extension)",
           "rubric_belief": "writer trained on the scorer's belief (extension)"}
 
 

@@ -17,7 +17,7 @@ from sera_core.course import noisy_expert, pick_tasks
 from sera_core.eval.points import branch_beliefs, heldout_points
 from sera_core.policy.chat import ChatFormat
 from sera_core.rubrics import Score, ranking_loss
-from sera_core.tiny.rubric_stage import RubricStageConfig, branch_rewards, rubric_ranking, score_advantages, stage_rows
+from sera_core.tiny.rubric_stage import RubricStageConfig, branch_rewards, gate_rows, rubric_ranking, score_advantages, stage_rows
 
 
 @pytest.fixture(scope="module")
@@ -188,6 +188,36 @@ def test_the_belief_arm_rewards_the_writer_by_the_ranking_of_the_gates_probabili
     assert beliefs[:2] == [0.0, None] and beliefs[2:] == pytest.approx([0.9 if y else 0.6 for y in labels[2:]])
 
 
+def test_the_label_arm_trains_one_gate_token_per_call_toward_the_label(point):
+    """``gate_rows``: a balanced draw of successes and failures, each row the call's prompt and
+    text up to its gate with the label's value as the one trained token: a success keeps the
+    ``true`` it wrote, a failure gets ``false`` in its place; a call with no gate is never drawn."""
+    import random
+
+    chat = ChatFormat(default_tokenizer())
+    labels = point.labels
+    p = with_beliefs(point, [0.8] * len(labels), chat)  # every call wrote "success": true
+    ids = p.branches[0].score_turn.completion_ids  # every call wrote the same text
+    gate = next(i for i in range(len(ids)) if chat.decode(ids[:i + 1]).endswith('"success": t'))
+    false_id = chat.encode(" false")[0]
+    assert chat.decode([false_id]).strip().startswith("f") and false_id != ids[gate]
+    expected = {tuple(b.score_turn.prompt_ids) + tuple(ids[:gate]): ids[gate] if b.label else false_id for b in p.branches}
+    k = min(labels.count(True), labels.count(False))
+    for calls, pairs in ((2, 1), (64, k)):
+        rows = gate_rows([p], decode=chat.decode, encode=chat.encode, calls=calls, rng=random.Random(0), weight=0.5)
+        assert len(rows) == 2 * pairs
+        for r in rows:
+            assert r.tokens == 1 and r.trained[-1] and r.advantage[-1] == 0.5 and sum(r.advantage) == 0.5
+            assert expected[r.ids[:-1]] == r.ids[-1]
+        assert sorted(r.ids[-1] for r in rows) == sorted([ids[gate]] * pairs + [false_id] * pairs)
+    # no gate in the text (a malformed call) or no label: never drawn
+    cut = chat.encode('{"succ')
+    broken = replace(p, branches=[replace(b, score_turn=replace(b.score_turn, completion_ids=cut, logprobs=[0.0] * len(cut),
+                                                                roles=["score"] * len(cut), text='{"succ'))
+                                  if b.label is False else b for b in p.branches])
+    assert gate_rows([broken], decode=chat.decode, encode=chat.encode, calls=8, rng=random.Random(0)) == []
+
+
 def test_config_refuses_bad_settings_before_any_work():
     with pytest.raises(ValueError, match="arm must be one of"):
         RubricStageConfig(arm="scorer")
@@ -197,6 +227,8 @@ def test_config_refuses_bad_settings_before_any_work():
         RubricStageConfig(heldout_limit=-1)
     with pytest.raises(ValueError, match="score_temperature must be >= 0"):
         RubricStageConfig(score_temperature=-0.5)
+    with pytest.raises(ValueError, match="gate_weight must be > 0"):
+        RubricStageConfig(arm="rubric_scorer_label", gate_weight=0.0)
     # the belief arm reads the greedy call unless told otherwise; the others sample at 1
     assert RubricStageConfig(arm="rubric_belief").scoring_temperature == 0.0
     assert RubricStageConfig(arm="rubric").scoring_temperature == 1.0 == RubricStageConfig(arm="rubric_scorer_order").scoring_temperature
@@ -211,13 +243,14 @@ def read(path):
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # measured on one core: 5 min in bfloat16, about 8 min in float32 (CPUs without AVX512_BF16)
 def test_a_run_trains_both_calls_and_resumes_after_an_interruption(tmp_path):
-    """The embedded policy on vLLM: one point per update, one held-out point. Stopped after
-    its first update and started again, the run continues at update 1 (the checkpoint's
-    version), measures once at the end, and no row is written twice."""
+    """The embedded policy on vLLM, the label arm: one point per update, one held-out point.
+    Each gate row trains one token, its old log-probability the model's own and its advantage
+    ``lambda * N / n``. Stopped after its first update and started again, the run continues at
+    update 1 (the checkpoint's version), measures once at the end, and no row is written twice."""
     from sera_core.policy.checkpoints import read_checkpoint
     from sera_core.tiny.rubric_stage import RubricStage
 
-    cfg = RubricStageConfig(seed=3, updates=2, points_per_update=1, pool_tasks=4, eval_every=2, heldout_tasks=1,
+    cfg = RubricStageConfig(arm="rubric_scorer_label", seed=3, updates=2, points_per_update=1, pool_tasks=4, eval_every=2, heldout_tasks=1,
                             heldout_limit=1, score_calls=2, kv_cache_gib=2.0, measure_step=True, out=str(tmp_path / "run"),
                             points_dir=str(tmp_path))
     first = RubricStage(cfg, progress=False)
@@ -229,7 +262,12 @@ def test_a_run_trains_both_calls_and_resumes_after_an_interruption(tmp_path):
     assert [r["version"] for r in done["updates"]] == ["0"] and [r["version"] for r in done["heldout"]] == ["0"]
     row = done["updates"][0]
     assert int(row["datums_rubric"]) + int(row["datums_score"]) > 0 or float(row["loss"]) == 0.0
-    assert int(row["tokens_score"]) > 0 or int(row["datums_score"]) == 0
+    assert int(row["tokens_score"]) == int(row["datums_score"])  # one gate token a call
+    gates = [r for r in first.last_rows if r.tokens == 1]
+    assert len(gates) == int(row["datums_score"]) and len(gates) % 2 == 0  # as many successes as failures
+    n_tokens = sum(r.tokens for r in first.last_rows)
+    for r in gates:
+        assert r.old_logprobs[-1] < 0.0 and r.advantage[-1] == pytest.approx(n_tokens / len(gates))
     assert read_checkpoint(tmp_path / "run" / "checkpoint")["version"] == 1
     start = json.loads(first.start_file.read_text())
     assert start["points"] == 1 and start["version"] == 0

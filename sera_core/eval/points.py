@@ -83,14 +83,10 @@ GATE = re.compile(r'"success"\s*:\s*(true|false)')
 """The success gate's value in a scoring call's JSON."""
 
 
-def success_belief(completion_ids: Sequence[int], logprobs: Sequence[float], decode: Callable[[list[int]], str]) -> float | None:
-    """``P(g = 1)`` that a scoring call put on its success gate, from its recorded log-probabilities::
-
-        p = exp(log pi(t))          t: the token that begins the gate's value (the choice)
-        belief = p if the value is true, else 1 - p
-
-    (the mass the model put on neither spelling is counted against the value it wrote). None
-    when the completion spells no ``"success": true|false``. ``decode`` must be lossless
+def gate_token(completion_ids: Sequence[int], decode: Callable[[list[int]], str]) -> tuple[int, str] | None:
+    """``(t, value)``: the index in ``completion_ids`` of the token that begins the success
+    gate's value (the choice between ``true`` and ``false``) and the value written; None when
+    the completion spells no ``"success": true|false``. ``decode`` must be lossless
     (:meth:`~sera_core.policy.chat.ChatFormat.decode`): the token is found by decoding prefixes."""
     ids = list(completion_ids)
     match = GATE.search(decode(ids))
@@ -103,8 +99,22 @@ def success_belief(completion_ids: Sequence[int], logprobs: Sequence[float], dec
             hi = mid
         else:
             lo = mid + 1
-    p = math.exp(logprobs[lo])
-    return p if match.group(1) == "true" else 1.0 - p
+    return lo, match.group(1)
+
+
+def success_belief(completion_ids: Sequence[int], logprobs: Sequence[float], decode: Callable[[list[int]], str]) -> float | None:
+    """``P(g = 1)`` that a scoring call put on its success gate, from its recorded log-probabilities::
+
+        p = exp(log pi(t))          t: the token that begins the gate's value (the choice, :func:`gate_token`)
+        belief = p if the value is true, else 1 - p
+
+    (the mass the model put on neither spelling is counted against the value it wrote). None
+    when the completion spells no ``"success": true|false``."""
+    gate = gate_token(completion_ids, decode)
+    if gate is None:
+        return None
+    p = math.exp(logprobs[gate[0]])
+    return p if gate[1] == "true" else 1.0 - p
 
 
 def branch_beliefs(point: DelegationPoint, decode: Callable[[list[int]], str]) -> list[float | None]:

@@ -51,7 +51,17 @@ Per update ``v`` (a :class:`~sera_core.train.trainer.Trainer` with schedule
    first order-credit run that gave it no datum lost the JSON format, score validity 100% ->
    68% on the held-out points by update 10, its reasons breaking their strings
    (docs/measurements.md). The negative advantages fall on every token of a call, the format's
-   too, and a malformed call escaped them;
+   too, and a malformed call escaped them. The ``rubric_scorer_label`` arm trains the gate token
+   of a balanced draw of the scoring calls toward the judge's label instead, a cross-entropy
+   (:func:`gate_rows`), and no other token of the calls. Why: a ranking reward is blind to
+   the gate's bias, which is what the greedy readout turns on. With independent gates
+   ``p = P(true | success)``, ``q = P(true | failure)``, a pair's expected order credit is
+   ``1/2 + (p - q)/2``; its gradient on a logit shift ``b`` shared by every call is
+   ``(p(1-p) - q(1-q))/2``, which at the shipped scorer's ``p, q`` of 0.75-0.9 is a few
+   hundredths (it points down while ``p > q > 1/2``, but sampling noise swamps it: the order
+   arm's threshold fell on one seed and rose on another). The cross-entropy's gradient on
+   the same shift is ``(1 - p) - q``: ten to twenty times larger there, and zero only where
+   the gate is right. It reads the same labels the ranking reads;
 5. one CISPO step over those tokens (:func:`~sera_core.train.update.loss_and_backward`).
 
 The ``rubric_belief`` arm (the workbook's second extension) trains the writer only, as
@@ -95,7 +105,7 @@ import random
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from statistics import fmean
 from typing import Any
@@ -108,7 +118,7 @@ from sera_core.agents.points import DelegationPoint
 from sera_core.agents.runtime import Runtime
 from sera_core.agents.summary import read_points
 from sera_core.envs.registry import pick_tasks
-from sera_core.eval.points import branch_beliefs, heldout_points, point_metrics
+from sera_core.eval.points import branch_beliefs, gate_token, heldout_points, point_metrics
 from sera_core.rewards import Datum
 from sera_core.rubrics import RANKING_MARGIN, RankingResult, pair_order, ranking_loss
 from sera_core.train.advantages import REWARD_TOLERANCE, Advantage, leave_one_out, rubric_advantages, uniform
@@ -118,15 +128,18 @@ from sera_core.train.update import TokenRow, advantage_weighted_logprob, logprob
 from sera_core.utils.jsonio import write_atomic, write_jsonl
 from sera_core.utils.seeding import derive_seed
 
-ARMS = ("rubric", "rubric_scorer", "rubric_scorer_order", "rubric_belief")
+ARMS = ("rubric", "rubric_scorer", "rubric_scorer_order", "rubric_scorer_label", "rubric_belief")
 """``rubric``: SERA's rubric stage (the writer trained); ``rubric_scorer``: the writer and the
 scoring calls trained (module docstring, step 4); ``rubric_scorer_order``: the same, the scoring
-calls rewarded by their share of the pairwise order (step 4); ``rubric_belief``: the writer
+calls rewarded by their share of the pairwise order (step 4); ``rubric_scorer_label``: the
+writer as in ``rubric``, the scoring calls' success gate trained toward the judge's label
+(step 4, :func:`gate_rows`); ``rubric_belief``: the writer
 trained on the ranking of the greedy scorer's beliefs (module docstring, after step 5)."""
 CREDITS = ("hinge", "order")
 """The credits a scoring call can earn (:func:`branch_rewards`)."""
-SCORER_ARMS = {"rubric_scorer": "hinge", "rubric_scorer_order": "order"}
-"""The arms that train the scoring calls, and the credit each call earns (:func:`branch_rewards`)."""
+SCORER_ARMS = {"rubric_scorer": "hinge", "rubric_scorer_order": "order", "rubric_scorer_label": "label"}
+"""The arms that train the scoring calls, and how: a credit each call earns (:data:`CREDITS`,
+:func:`branch_rewards`), or ``label``, the gate token alone toward the label (:func:`gate_rows`)."""
 
 UPDATE_COLUMNS = ("version", "points", "mixed", "pairwise_accuracy", "belief_accuracy", "ranking_loss", "belief_loss", "rubric_validity",
                   "score_validity", "datums_rubric", "datums_score", "tokens_rubric", "tokens_score", "loss",
@@ -167,6 +180,11 @@ class RubricStageConfig:
     datum, their advantages computed over all of them. A call's row is its whole prompt (the
     rubric, the task and the child's trajectory: about 2,500 tokens), so this bounds the
     update's cost: about 300 trained-row tokens a second on 2 cores."""
+    gate_weight: float = 1.0
+    """``lambda`` of the ``rubric_scorer_label`` arm: the update's loss is the writer's CISPO
+    token mean plus ``lambda`` times the mean cross-entropy of its gate rows (:func:`gate_rows`;
+    each row's advantage is ``lambda * N / n``, ``N`` the update's trained tokens, ``n`` its gate
+    rows), so the gate's share does not shrink with the length of the rubrics."""
     config: str = "textcraft/sera_tiny.yaml"
     """The training config that gives model, engine, precision, optimizer and the CISPO bounds."""
     lr: float | None = None
@@ -210,6 +228,8 @@ class RubricStageConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.heldout_limit is not None and self.heldout_limit < 0:
             raise ValueError(f"heldout_limit must be >= 0 or None, got {self.heldout_limit}")
+        if self.gate_weight <= 0:
+            raise ValueError(f"gate_weight must be > 0, got {self.gate_weight}")
 
 
 def branch_rewards(point: DelegationPoint, margin: float = RANKING_MARGIN, credit: str = "hinge") -> list[float | None]:
@@ -250,6 +270,47 @@ def score_advantages(point: DelegationPoint, credit: str = "hinge") -> list[tupl
     if uniform([r for _, r in called]):
         return []
     return list(zip([i for i, _ in called], leave_one_out([r for _, r in called]), strict=True))
+
+
+def gate_rows(points: Sequence[DelegationPoint], *, decode: Callable[[list[int]], str], encode: Callable[[str], list[int]],
+              calls: int, rng: random.Random, weight: float = 1.0) -> list[TokenRow]:
+    """The ``rubric_scorer_label`` arm's scoring rows (module docstring, step 4): per point, up
+    to ``calls // 2`` successes and as many failures (a draw with ``rng`` among the labelled
+    branches whose scoring call wrote a gate, :func:`~sera_core.eval.points.gate_token`); for
+    each, the call's prompt and its completion up to the gate's value, that value set to the
+    branch's label (``true`` for a success, ``false`` for a failure), and only that token
+    trained, with advantage ``weight``. With the old log-probabilities taken from the model
+    itself (:func:`~sera_core.train.update.rescored`: ratio 1), CISPO's term is the
+    cross-entropy of the gate against the label::
+
+        loss_b = -weight * log pi(y_b | rubric, branch b, the call's text before its gate)
+
+    The rows' ``old_logprobs`` are 0 here; the caller fills them. A written value that matches
+    the label keeps its own token; the other spelling is the first token of the separator the
+    call wrote before its value (a space, say) followed by the label's word; a branch whose
+    other spelling does not begin with a token holding the word's first letter gets no row."""
+    rows: list[TokenRow] = []
+    for p in points:
+        found = {True: [], False: []}
+        for b in p.branches:
+            gate = gate_token(b.score_turn.completion_ids, decode) if b.score_turn is not None and b.label is not None else None
+            if gate is not None:
+                found[b.label].append((b, gate))
+        k = min(calls // 2, len(found[True]), len(found[False]))
+        for b, (t, value) in sorted(rng.sample(found[True], k) + rng.sample(found[False], k), key=lambda x: x[0].branch):
+            turn, want = b.score_turn, "true" if b.label else "false"
+            head = list(turn.completion_ids[:t])
+            if value == want:
+                target = turn.completion_ids[t]
+            else:
+                text = decode(list(turn.completion_ids[:t + 1]))
+                target = encode(text[len(decode(head)):text.rindex(value[0])] + want)[0]
+                if want[0] not in decode([target]):
+                    continue  # the tokenizer splits the separator from the word: no one token holds the choice
+            ids = tuple(turn.prompt_ids) + tuple(head) + (target,)
+            trained = (False,) * (len(ids) - 1) + (True,)
+            rows.append(TokenRow(ids, trained, (0.0,) * len(ids), tuple(weight if m else 0.0 for m in trained)))
+    return rows
 
 
 def rubric_ranking(point: DelegationPoint, decode: Callable[[list[int]], str] | None = None) -> RankingResult:
@@ -361,12 +422,22 @@ class RubricStage(Trainer):
         """``log pi`` of ``rows``' trained tokens under the current model (eval mode, no
         gradient): the mean by advantage sign (``pos``, ``neg``) and ``sum A log pi / N``
         (``weighted``, :func:`~sera_core.train.update.advantage_weighted_logprob`)."""
+        scored = self.teacher_forced(rows)
+        return logprob_by_sign(scored) | {"weighted": advantage_weighted_logprob(scored)}
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of ``text`` in the policy's tokenizer (no special tokens added)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def teacher_forced(self, rows: list[TokenRow]) -> list[TokenRow]:
+        """``rows`` with their old log-probabilities those of the current model (eval mode, no
+        gradient, :func:`~sera_core.train.update.rescored`)."""
         model = self.accelerator.unwrap_model(self.model)
         was_training = model.training
         model.eval()
         scored = rescored(self.model, rows, pad_id=self.tokenizer.pad_token_id, micro_batch_tokens=self.cfg.micro_batch_tokens)
         model.train(was_training)
-        return logprob_by_sign(scored) | {"weighted": advantage_weighted_logprob(scored)}
+        return scored
 
     def run_update(self) -> dict[str, Any]:
         """One update at ``self.updates_done``; returns its ``updates.csv`` row."""
@@ -377,10 +448,17 @@ class RubricStage(Trainer):
         points = self.rescored(batch, derive_seed(cfg.seed, "rescore", v), sc.rubric_temperature, sc.scoring_temperature,
                                keep_turns=True)
         t_gen = time.perf_counter() - t0
-        rows, counts = stage_rows(points, train_scorer=sc.arm in SCORER_ARMS, score_calls=sc.score_calls,
-                                  rng=random.Random(derive_seed(cfg.seed, "score_calls", v)),
+        scorer = SCORER_ARMS.get(sc.arm)
+        draw = random.Random(derive_seed(cfg.seed, "score_calls", v))
+        rows, counts = stage_rows(points, train_scorer=scorer in CREDITS, score_calls=sc.score_calls, rng=draw,
                                   decode=self.policy.decode if sc.arm == "rubric_belief" else None,
-                                  credit=SCORER_ARMS.get(sc.arm, "hinge"))
+                                  credit=scorer if scorer in CREDITS else "hinge")
+        if scorer == "label":
+            gates = gate_rows(points, decode=self.policy.decode, encode=self.encode, calls=sc.score_calls, rng=draw)
+            weight = sc.gate_weight * (sum(r.tokens for r in rows) + len(gates)) / max(len(gates), 1)
+            gates = self.teacher_forced([replace(r, advantage=tuple(a * weight for a in r.advantage)) for r in gates])
+            rows += gates
+            counts["datums_score"], counts["tokens_score"] = len(gates), sum(r.tokens for r in gates)
         before = self.measure_rows(rows) if sc.measure_step and rows else None
         stats, grad_norm = self.train_rows(rows)
         if before is not None:
