@@ -210,7 +210,7 @@ def test_the_label_arm_trains_one_gate_token_per_call_toward_the_label(point):
             assert r.tokens == 1 and r.trained[-1] and r.advantage[-1] == 0.5 and sum(r.advantage) == 0.5
             assert expected[r.ids[:-1]] == r.ids[-1]
         assert sorted(r.ids[-1] for r in rows) == sorted([ids[gate]] * pairs + [false_id] * pairs)
-    # no gate in the text (a malformed call) or no label: never drawn
+    # a call with no gate in its text (malformed) is never drawn: the failures have none, so no pair
     cut = chat.encode('{"succ')
     broken = replace(p, branches=[replace(b, score_turn=replace(b.score_turn, completion_ids=cut, logprobs=[0.0] * len(cut),
                                                                 roles=["score"] * len(cut), text='{"succ'))

@@ -119,6 +119,7 @@ from sera_core.agents.runtime import Runtime
 from sera_core.agents.summary import read_points
 from sera_core.envs.registry import pick_tasks
 from sera_core.eval.points import branch_beliefs, gate_token, heldout_points, point_metrics
+from sera_core.policy.chat import ChatFormat
 from sera_core.rewards import Datum
 from sera_core.rubrics import RANKING_MARGIN, RankingResult, pair_order, ranking_loss
 from sera_core.train.advantages import REWARD_TOLERANCE, Advantage, leave_one_out, rubric_advantages, uniform
@@ -425,10 +426,6 @@ class RubricStage(Trainer):
         scored = self.teacher_forced(rows)
         return logprob_by_sign(scored) | {"weighted": advantage_weighted_logprob(scored)}
 
-    def encode(self, text: str) -> list[int]:
-        """Ids of ``text`` in the policy's tokenizer (no special tokens added)."""
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
-
     def teacher_forced(self, rows: list[TokenRow]) -> list[TokenRow]:
         """``rows`` with their old log-probabilities those of the current model (eval mode, no
         gradient, :func:`~sera_core.train.update.rescored`)."""
@@ -454,7 +451,7 @@ class RubricStage(Trainer):
                                   decode=self.policy.decode if sc.arm == "rubric_belief" else None,
                                   credit=scorer if scorer in CREDITS else "hinge")
         if scorer == "label":
-            gates = gate_rows(points, decode=self.policy.decode, encode=self.encode, calls=sc.score_calls, rng=draw)
+            gates = gate_rows(points, decode=self.policy.decode, encode=ChatFormat(self.tokenizer).encode, calls=sc.score_calls, rng=draw)
             weight = sc.gate_weight * (sum(r.tokens for r in rows) + len(gates)) / max(len(gates), 1)
             gates = self.teacher_forced([replace(r, advantage=tuple(a * weight for a in r.advantage)) for r in gates])
             rows += gates
