@@ -235,3 +235,36 @@ def test_an_update_where_every_rollout_raised_stops_the_run():
     refuse_all_failed([], 3)
     with pytest.raises(RolloutsFailed, match=r"update 3: all 2 rollouts raised.*first: RuntimeError: boom"):
         refuse_all_failed([rollout(0, "RuntimeError: boom"), rollout(1, "ValueError: x")], 3)
+
+
+def test_init_from_starts_a_new_run_from_a_checkpoints_weights(reference, tmp_path):
+    """``init_from`` loads another run's trained weights (the model and the policy that plays
+    the rollouts), not its version or optimizer; a checkpoint of another starting model, or
+    none, is refused before the model loads."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    from sera_core.utils.weights import trained_state
+
+    tmp, ref_cfg = reference
+    saved = load_file(str(tmp / "run" / "checkpoint" / "model.safetensors"))
+    fresh = trained_state(Trainer(golden_config(tmp_path / "a"), progress=False).model)
+    assert any(not torch.equal(fresh[k], v) for k, v in saved.items())  # the reference run moved the weights
+    trainer = Trainer(golden_config(tmp_path / "b", init_from=str(tmp / "run")), progress=False)
+    got = trained_state(trainer.model)
+    assert set(got) == set(saved) and all(torch.equal(got[k], v) for k, v in saved.items())
+    playing = trainer.policy.model.state_dict()  # the hf policy samples from these weights
+    assert all(torch.equal(playing[k], v) for k, v in saved.items())
+    assert trainer.updates_done == 0 and not trainer.optimizer.state_dict()["state"]
+
+    other = tmp_path / "other"
+    shutil.copytree(tmp / "run" / "checkpoint", other)
+    state = json.loads((other / "state.json").read_text())
+    state["config"]["model"] = "tiny"
+    (other / "state.json").write_text(json.dumps(state))
+    with pytest.raises(CheckpointError, match="trained from model 'tiny'"):
+        Trainer(golden_config(tmp_path / "c", init_from=str(other)), progress=False)
+    with pytest.raises(CheckpointError, match="no checkpoint here"):
+        Trainer(golden_config(tmp_path / "d", init_from=str(tmp_path / "nowhere")), progress=False)

@@ -65,6 +65,28 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     return state
 
 
+def checkpoint_folder(path: str | os.PathLike) -> Path:
+    """``path``, or its ``checkpoint/`` when ``path`` is a run folder (``RUN`` for ``RUN/checkpoint``)."""
+    path = Path(path)
+    if not (path / "state.json").exists() and (path / "checkpoint" / "state.json").exists():
+        return path / "checkpoint"
+    return path
+
+
+def initial_weights(path: str | os.PathLike, model: str) -> Path:
+    """The trained weights (``model.safetensors``) of checkpoint ``path`` (``RUN`` or
+    ``RUN/checkpoint``) for a new run that starts from ``model`` (a config's ``model``), after
+    :func:`read_checkpoint`'s checks; :class:`CheckpointError` when the checkpoint is missing,
+    partial or corrupt, or was trained from another starting model (its weights would not fit)."""
+    path = checkpoint_folder(path)
+    if not (path / "state.json").exists():
+        raise CheckpointError(f"{path}: no checkpoint here (no state.json, nor checkpoint/state.json)")
+    theirs = read_checkpoint(path)["config"]["model"]
+    if model_path(theirs).resolve() != model_path(model).resolve():
+        raise CheckpointError(f"{path}: trained from model {theirs!r}, this run starts from {model!r}")
+    return path / "model.safetensors"
+
+
 def checkpoint_model(path: str | os.PathLike):
     """The model and tokenizer of a trained checkpoint (``RUN/checkpoint`` or the run folder
     ``RUN``): the run's starting model (architecture, tokenizer) with the checkpoint's trained
@@ -78,9 +100,7 @@ def _checkpoint(path: str | os.PathLike):
     from sera_core.policy.models import load_model, merged
     from sera_core.utils.weights import load_trained
 
-    path = Path(path)
-    if not (path / "state.json").exists() and (path / "checkpoint" / "state.json").exists():
-        path = path / "checkpoint"
+    path = checkpoint_folder(path)
     start = model_path(read_checkpoint(path)["config"]["model"])
     model, tokenizer = load_model(start, trainable=True)
     load_trained(model, path / "model.safetensors")

@@ -67,6 +67,11 @@ class TrainConfig:
     engine_dtype: str = "auto"
     """vllm: ``auto`` (bfloat16 where the device runs it natively: GPUs, CPUs with AVX512_BF16
     or AMX; else float32), ``float32`` or ``bfloat16``."""
+    init_from: str | None = None
+    """A trained checkpoint (``RUN`` or ``RUN/checkpoint``, e.g. a rubric-stage run's) whose
+    weights this run starts from instead of ``model``'s own; it must have been trained from the
+    same ``model``. Only the weights are taken: the optimizer starts fresh and the run's
+    version at 0 (``resume`` continues a run's own checkpoint instead)."""
     tasks: str = "train"
     """A generated split (``train``, ``val``, ``test``) or a JSONL task file."""
     difficulties: tuple[str, ...] | None = None

@@ -29,7 +29,9 @@ cumulative counters, sha256 of every file). ``resume=True`` continues from it: t
 position and the data cursor are functions of the version, every random draw is derived
 from ``(seed, version)``, so an interrupted run and an uninterrupted one write the same
 metrics at the same versions. A checkpoint whose files are missing or do not match their
-hashes is refused with :class:`CheckpointError`.
+hashes is refused with :class:`CheckpointError`. ``init_from`` starts a *new* run from another
+run's trained weights (for example execution training from a rubric-stage checkpoint): weights
+only, a fresh optimizer, version 0.
 
 Distributed (``accelerate launch``, DDP or FSDP, ``P`` processes): process ``i`` plays the
 trees ``i::P`` of the update (split by tree, not by task: 8 tasks x 4 trees keep 16
@@ -66,7 +68,8 @@ from sera_core.agents.actors import as_actor
 from sera_core.agents.runtime import Rollout, Runtime
 from sera_core.agents.summary import summarize
 from sera_core.envs.registry import benchmark
-from sera_core.policy.checkpoints import CheckpointError, CheckpointWriteError, model_path, read_checkpoint
+from sera_core.policy.checkpoints import (CheckpointError, CheckpointWriteError, initial_weights, model_path,
+                                          read_checkpoint)
 from sera_core.rewards.execution import execution_datums
 from sera_core.rewards.leaf_credit import leaf_datums
 from sera_core.rewards.rubric_ranking import kept_points, rubric_datums
@@ -136,6 +139,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, *, progress: bool = True):
         from sera_core.policy.models import load_model
         from sera_core.utils.hardware import make_accelerator
+        from sera_core.utils.weights import load_trained
 
         self.cfg, self.progress = cfg, progress
         self.out = Path(cfg.out)
@@ -143,13 +147,18 @@ class Trainer:
         self.accelerator = make_accelerator(cfg.precision(), cpu=not torch.cuda.is_available(),
                                        log_with=None if cfg.log_with == "none" else cfg.log_with, project_dir=cfg.out)
         path = model_path(cfg)
+        start = initial_weights(cfg.init_from, cfg.model) if cfg.init_from else None  # checked before any work
         torch.manual_seed(derive_seed(cfg.seed, "init"))
         # a Hugging Face folder trains every parameter; an adapter folder (``tiny``) its LoRA matrices
         model, self.tokenizer = load_model(path, trainable=True, device="cpu", dtype=torch.float32)
+        if start is not None:
+            load_trained(model, start)
         trained = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trained, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.policy = self._policy(path)
+        if start is not None and cfg.backend == "vllm":
+            self._sync_policy()  # the engine was built from ``model``'s own weights
         self.tasks = cfg.task_pool()
         self.updates_done = 0
         """Updates applied so far: the policy's version (stored as ``version`` in ``state.json``
