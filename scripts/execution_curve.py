@@ -1,0 +1,179 @@
+"""Curve 2 of the tiny experiment: SERA's execution stage on easy TextCraft, before and after (not a test).
+
+One run per seed: ``sera train`` with the tiny config (vLLM's CPU build, 2 root tasks x 4
+trees per update at temperature 1), ``schedule: execution:1`` on the *easy* train tasks, for
+``--updates`` updates, from ``--start``: the shipped adapter (``tiny``) or a trained checkpoint
+(``init_from``, e.g. a ``rubric_scorer_label`` run of ``scripts/rubric_curve.py``, whose scorer
+says ``false`` to failed children). Before (the start, once) and after (each seed's checkpoint):
+``sera eval`` root success at temperature 0 on the first ``--tasks`` easy *val* tasks, with the
+paired difference's 95% interval task by task
+(:func:`~sera_core.eval.aggregate.paired_change`); over seeds, mean ± ``1.96 * std / sqrt(n)``.
+
+Each step is a ``sera`` command in its own process (its engine's memory goes with it) that
+resumes (``--resume``), and a finished step is skipped, so the script can be killed and
+started again at any point. ``--report`` only writes ``OUT/results.json``, ``OUT/table.md``
+and ``OUT/execution_curve.png`` (``--figures DIR`` copies the figure and the results there as
+``execution_curve.{png,json}``).
+
+``nohup .venv/bin/python scripts/execution_curve.py --out runs/curve2 --start runs/rubric_curve_label5/rubric_scorer_label_seed0 > runs/curve2.log 2>&1 &``
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from statistics import fmean, stdev
+
+CONFIG = "textcraft/sera_tiny.yaml"
+
+
+def sera(*args: str) -> None:
+    """Run one ``sera`` command (the package's CLI, this interpreter) and stop on its failure."""
+    subprocess.run([sys.executable, "-m", "sera_core", *args], check=True)
+
+
+def policy(start: str) -> str:
+    """The ``--policy`` spec of ``--start`` on the config's engine."""
+    return "vllm:tiny" if start == "tiny" else f"vllm:{start}"
+
+
+def run_seed(args, out: Path, seed: int, tasks: Path) -> None:
+    """Train seed ``seed`` and evaluate its checkpoint (each step skipped when it is done)."""
+    run = out / f"seed{seed}"
+    train = ["train", "--config", CONFIG, "--set", "difficulties=[easy]", "--set", "schedule=execution:1",
+             "--set", f"seed={seed}", "--total-updates", str(args.updates), "--out", str(run / "train"), "--resume"]
+    if args.max_craft_steps:
+        train += ["--set", f"tasks={out / 'train_tasks.jsonl'}"]
+    if args.start != "tiny":
+        train += ["--set", f"init_from={args.start}"]
+    for key_value in args.set:
+        train += ["--set", key_value]
+    sera(*train)
+    if not (run / "after" / "summary.json").exists():
+        sera("eval", "--tasks", str(tasks), "--policy", f"vllm:{run / 'train'}", "--out", str(run / "after"), "--resume",
+             "--label", f"execution curve, seed {seed}, after {args.updates} updates")
+
+
+def write_train_tasks(path: Path, max_craft_steps: int) -> None:
+    """The easy *train* tasks of at most ``max_craft_steps`` crafts (a curriculum at the policy's
+    frontier: at temperature 0 it solves 3-craft easy tasks and none of 5 or more), as a task file."""
+    from sera_core.envs.textcraft.tasks import generate_split
+    from sera_core.utils.jsonio import write_jsonl
+
+    write_jsonl(path, [t for t in generate_split("train")
+                       if t["misc"]["difficulty"] == "easy" and t["misc"]["num_craft_steps"] <= max_craft_steps])
+
+
+def read_rows(path: Path) -> list[dict]:
+    with path.open() as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def collect(out: Path, seeds: list[int]) -> dict:
+    """The paired before/after of every finished seed and its training rows (``metrics.csv``)."""
+    from sera_core.eval.aggregate import paired_change
+
+    before = read_rows(out / "before" / "seed0.jsonl")
+    runs = []
+    for seed in seeds:
+        run = out / f"seed{seed}"
+        if not (run / "after" / "summary.json").exists():
+            continue
+        with (run / "train" / "metrics.csv").open(newline="") as f:
+            metrics = list(csv.DictReader(f))
+        keep = ("version", "trees", "root_success", "agents", "delegations", "datums", "tokens_trained",
+                "seconds_generation", "seconds_environment", "seconds_update", "seconds")
+        runs.append({"seed": seed, "change": paired_change(before, read_rows(run / "after" / "seed0.jsonl")),
+                     "updates": [{k: row[k] for k in keep if k in row} for row in metrics]})
+    return {"tasks": len(before), "before_seconds": sum(r["seconds"] for r in before), "runs": runs}
+
+
+def interval(values: list[float]) -> str:
+    if len(values) < 2:
+        return f"{fmean(values):+.3f}"
+    return f"{fmean(values):+.3f} ± {1.96 * stdev(values) / len(values) ** 0.5:.3f}"
+
+
+def report(results: dict) -> str:
+    lines = ["| seed | before | after | paired difference (95% interval) | gained / lost | tokens trained | "
+             "minutes: generation / update / all |", "|---|---|---|---|---|---|---|"]
+    for r in results["runs"]:
+        c, ups = r["change"], r["updates"]
+        minutes = [sum(float(u[k]) for u in ups) / 60 for k in ("seconds_generation", "seconds_update", "seconds")]
+        lines.append(f"| {r['seed']} | {c['before']['rate']:.0%} | {c['after']['rate']:.0%} | "
+                     f"{c['difference']['rate']:+.3f} ± {c['difference']['ci']:.3f} | {c['gained']} / {c['lost']} | "
+                     f"{sum(int(u['tokens_trained']) for u in ups):,} | {minutes[0]:.0f} / {minutes[1]:.0f} / {minutes[2]:.0f} |")
+    if results["runs"]:
+        lines.append(f"| mean over {len(results['runs'])} seeds | | | "
+                     f"{interval([r['change']['difference']['rate'] for r in results['runs']])} | | | |")
+    return "\n".join(lines)
+
+
+def figure(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for k, r in enumerate(results["runs"]):
+        ups = r["updates"]
+        axes[0].plot([int(u["version"]) + 1 for u in ups], [float(u["root_success"] or 0) for u in ups], "o-",
+                     color=f"C{k}", label=f"seed {r['seed']}")
+        c = r["change"]
+        axes[1].errorbar([k - 0.1, k + 0.1], [c["before"]["rate"], c["after"]["rate"]],
+                         yerr=[c["before"]["ci"], c["after"]["ci"]], fmt="o", color=f"C{k}", capsize=3)
+        axes[1].plot([k - 0.1, k + 0.1], [c["before"]["rate"], c["after"]["rate"]], color=f"C{k}")
+    axes[0].set(xlabel="update", ylabel="root success of the update's trees (T=1)", title="training trees")
+    axes[0].legend(fontsize=8)
+    axes[1].set(xticks=range(len(results["runs"])), xticklabels=[f"seed {r['seed']}" for r in results["runs"]],
+                ylabel=f"root success, {results['tasks']} easy val tasks (T=0)", title="before -> after (95% intervals)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--start", default="tiny", help="tiny (the shipped adapter) or a trained run/checkpoint folder")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--updates", type=int, default=8)
+    parser.add_argument("--tasks", type=int, default=50, help="easy val tasks measured before and after")
+    parser.add_argument("--max-craft-steps", type=int, default=None,
+                        help="train only on easy tasks of at most this many crafts (default: every easy train task)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="another training config override")
+    parser.add_argument("--out", default="runs/execution_curve")
+    parser.add_argument("--report", action="store_true", help="only write the table and figure from what is done")
+    parser.add_argument("--figures", default=None, help="also copy the figure and results into this folder")
+    args = parser.parse_args()
+    out = Path(args.out)
+    tasks = out / "easy_val.jsonl"
+    if not args.report:
+        if not tasks.exists():
+            sera("tasks", "--split", "val", "--difficulty", "easy", "--limit", str(args.tasks), "--out", str(tasks))
+        if args.max_craft_steps and not (out / "train_tasks.jsonl").exists():
+            write_train_tasks(out / "train_tasks.jsonl", args.max_craft_steps)
+        if not (out / "before" / "summary.json").exists():
+            sera("eval", "--tasks", str(tasks), "--policy", policy(args.start), "--out", str(out / "before"), "--resume",
+                 "--label", f"execution curve, before ({args.start})")
+        for seed in args.seeds:
+            run_seed(args, out, seed, tasks)
+    results = collect(out, args.seeds) | {"args": vars(args)}
+    table = report(results)
+    (out / "table.md").write_text(table + "\n")
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    if results["runs"]:
+        figure(results, out / "execution_curve.png")
+        if args.figures:
+            shutil.copy(out / "execution_curve.png", Path(args.figures) / "execution_curve.png")
+            shutil.copy(out / "results.json", Path(args.figures) / "execution_curve.json")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
