@@ -121,18 +121,25 @@ def figure(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    for k, r in enumerate(results["runs"]):
+    runs = results["runs"]
+    for k, r in enumerate(runs):
         ups = r["updates"]
         axes[0].plot([int(u["version"]) + 1 for u in ups], [float(u["root_success"] or 0) for u in ups], "o-",
                      color=f"C{k}", label=f"seed {r['seed']}")
-        c = r["change"]
-        axes[1].errorbar([k - 0.1, k + 0.1], [c["before"]["rate"], c["after"]["rate"]],
-                         yerr=[c["before"]["ci"], c["after"]["ci"]], fmt="o", color=f"C{k}", capsize=3)
-        axes[1].plot([k - 0.1, k + 0.1], [c["before"]["rate"], c["after"]["rate"]], color=f"C{k}")
-    axes[0].set(xlabel="update", ylabel="root success of the update's trees (T=1)", title="training trees")
+        d = r["change"]["difference"]
+        axes[1].errorbar([k], [d["rate"]], yerr=[d["ci"]], fmt="o", color=f"C{k}", capsize=4)
+    labels = [f"seed {r['seed']}\n{r['change']['before']['rate']:.0%} -> {r['change']['after']['rate']:.0%}" for r in runs]
+    if len(runs) > 1:
+        diffs = [r["change"]["difference"]["rate"] for r in runs]
+        axes[1].errorbar([len(runs)], [fmean(diffs)], yerr=[1.96 * stdev(diffs) / len(diffs) ** 0.5], fmt="s", color="k", capsize=4)
+        labels.append(f"mean of {len(runs)}")
+    axes[1].axhline(0, color="grey", lw=0.8)
+    axes[1].axhline(0.10, color="grey", lw=0.8, ls="--", label="target +0.10")
+    axes[0].set(xlabel="update", ylabel="root success of the update's trees (T=1)", title=f"training trees ({runs[0]['updates'][0].get('trees', '?')} an update)")
     axes[0].legend(fontsize=8)
-    axes[1].set(xticks=range(len(results["runs"])), xticklabels=[f"seed {r['seed']}" for r in results["runs"]],
-                ylabel=f"root success, {results['tasks']} easy val tasks (T=0)", title="before -> after (95% intervals)")
+    axes[1].set(xticks=range(len(labels)), xticklabels=labels, xlim=(-0.5, len(labels) - 0.5),
+                ylabel=f"after - before, {results['tasks']} easy val tasks (T=0)", title="paired change, 95% intervals")
+    axes[1].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
