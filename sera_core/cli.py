@@ -517,3 +517,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     print(json.dumps({"command": args.command, **summary}))
     return 0
+
+
+if __name__ == "__main__":  # ``python -m sera_core.cli`` is the ``sera`` command too (``python -m sera_core`` as well)
+    raise SystemExit(main())
