@@ -12,7 +12,7 @@ import pytest
 from sera_core.policy.checkpoints import CheckpointError
 from sera_core.tiny.recipe import ASSETS
 from sera_core.train.config import CONFIGS, load_config
-from sera_core.train.trainer import METRICS, Trainer
+from sera_core.train.trainer import METRICS, Trainer, plan
 from sera_core.utils.jsonio import write_jsonl
 
 GOLDEN = Path(__file__).parent / "golden" / "train_tiny.json"
@@ -268,3 +268,6 @@ def test_init_from_starts_a_new_run_from_a_checkpoints_weights(reference, tmp_pa
         Trainer(golden_config(tmp_path / "c", init_from=str(other)), progress=False)
     with pytest.raises(CheckpointError, match="no checkpoint here"):
         Trainer(golden_config(tmp_path / "d", init_from=str(tmp_path / "nowhere")), progress=False)
+    assert plan(golden_config(tmp_path / "e", init_from=str(tmp / "run")))["init_from"] == str(tmp / "run" / "checkpoint")
+    with pytest.raises(CheckpointError, match="trained from model 'tiny'"):  # --dry-run checks it too
+        plan(golden_config(tmp_path / "f", init_from=str(other)))

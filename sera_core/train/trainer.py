@@ -559,6 +559,8 @@ def plan(cfg: TrainConfig) -> dict[str, Any]:
     accel = str(cfg.accelerate_file) if cfg.accelerate_file else None
     return {
         "method": cfg.method, "env": cfg.env, "model": str(model_path(cfg)), "backend": cfg.backend,
+        # the checkpoint whose weights the run starts from, checked as the trainer checks it
+        "init_from": str(initial_weights(cfg.init_from, cfg.model).parent) if cfg.init_from else None,
         "task_pool": {"tasks": cfg.tasks, "difficulties": list(cfg.difficulties or ()) or "all",
                       "size": len(cfg.task_pool())},
         "schedule": stages.schedule, "cycle_length": stages.cycle_length,
