@@ -54,9 +54,13 @@ def run_seed(args, out: Path, seed: int, tasks: Path) -> None:
     for key_value in args.set:
         train += ["--set", key_value]
     sera(*train)
-    if not (run / "after" / "summary.json").exists():
+    label = f"execution curve, seed {seed}, after {args.updates} updates"
+    summary = run / "after" / "summary.json"
+    if summary.exists() and json.loads(summary.read_text()).get("label") != label:  # a run since continued
+        raise SystemExit(f"{summary} is not the evaluation {label!r}: move {run / 'after'} away to evaluate again")
+    if not summary.exists():
         sera("eval", "--tasks", str(tasks), "--policy", f"vllm:{run / 'train'}", "--out", str(run / "after"), "--resume",
-             "--label", f"execution curve, seed {seed}, after {args.updates} updates")
+             "--label", label)
 
 
 def write_train_tasks(path: Path, max_craft_steps: int) -> None:
@@ -69,16 +73,12 @@ def write_train_tasks(path: Path, max_craft_steps: int) -> None:
                        if t["misc"]["difficulty"] == "easy" and t["misc"]["num_craft_steps"] <= max_craft_steps])
 
 
-def read_rows(path: Path) -> list[dict]:
-    with path.open() as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def collect(out: Path, seeds: list[int]) -> dict:
     """The paired before/after of every finished seed and its training rows (``metrics.csv``)."""
     from sera_core.eval.aggregate import paired_change
+    from sera_core.utils.jsonio import read_jsonl
 
-    before = read_rows(out / "before" / "seed0.jsonl")
+    before = list(read_jsonl(out / "before" / "seed0.jsonl"))
     runs = []
     for seed in seeds:
         run = out / f"seed{seed}"
@@ -88,7 +88,7 @@ def collect(out: Path, seeds: list[int]) -> dict:
             metrics = list(csv.DictReader(f))
         keep = ("version", "trees", "root_success", "agents", "delegations", "datums", "tokens_trained",
                 "seconds_generation", "seconds_environment", "seconds_update", "seconds")
-        runs.append({"seed": seed, "change": paired_change(before, read_rows(run / "after" / "seed0.jsonl")),
+        runs.append({"seed": seed, "change": paired_change(before, read_jsonl(run / "after" / "seed0.jsonl")),
                      "updates": [{k: row[k] for k in keep if k in row} for row in metrics]})
     return {"tasks": len(before), "before_seconds": sum(r["seconds"] for r in before), "runs": runs}
 
