@@ -97,6 +97,19 @@ def test_interrupted_run_resumes_to_the_same_metrics_and_weights(reference, tmp_
     assert weights(Path(cfg.out)) == weights(Path(ref_cfg.out))
 
 
+def test_a_run_folder_moved_elsewhere_resumes_there(reference, tmp_path):
+    """``out`` is operational: a copy of a stopped run, resumed at its new path, finishes like the original."""
+    import shutil
+
+    _, ref_cfg = reference
+    cfg = golden_config(tmp_path)
+    Trainer(cfg, progress=False).run(stop_after=3)
+    moved = tmp_path / "moved"
+    shutil.copytree(cfg.out, moved)
+    assert [r["version"] for r in Trainer(cfg.replace(out=str(moved)), progress=False).run(resume=True)] == [3]
+    assert metrics(moved) == metrics(Path(ref_cfg.out)) and weights(moved) == weights(Path(ref_cfg.out))
+
+
 def test_corrupt_partial_or_foreign_checkpoints_are_refused(reference, tmp_path):
     import shutil
 

@@ -100,8 +100,10 @@ METRICS = (
 """The columns of ``metrics.csv`` (one row per update)."""
 
 
-OPERATIONAL = ("total_updates", "checkpoint_every", "log_with", "judge_cache", "judge_timeout_s", "judge_max_retries")
-"""Config keys a resumed run may change (they do not change what is trained)."""
+OPERATIONAL = ("total_updates", "checkpoint_every", "log_with", "judge_cache", "judge_timeout_s", "judge_max_retries",
+               "out")
+"""Config keys a resumed run may change (they do not change what is trained): ``out`` too, so a
+run folder moved or copied elsewhere resumes there."""
 
 
 class TimedPolicy:
