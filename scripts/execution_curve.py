@@ -27,7 +27,6 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from statistics import fmean, stdev
 
 CONFIG = "textcraft/sera_tiny.yaml"
 
@@ -35,11 +34,6 @@ CONFIG = "textcraft/sera_tiny.yaml"
 def sera(*args: str) -> None:
     """Run one ``sera`` command (the package's CLI, this interpreter) and stop on its failure."""
     subprocess.run([sys.executable, "-m", "sera_core", *args], check=True)
-
-
-def policy(start: str) -> str:
-    """The ``--policy`` spec of ``--start`` on the config's engine."""
-    return "vllm:tiny" if start == "tiny" else f"vllm:{start}"
 
 
 def run_seed(args, out: Path, seed: int, tasks: Path) -> None:
@@ -79,6 +73,8 @@ def collect(out: Path, seeds: list[int]) -> dict:
     from sera_core.utils.jsonio import read_jsonl
 
     before = list(read_jsonl(out / "before" / "seed0.jsonl"))
+    keep = ("version", "trees", "root_success", "agents", "delegations", "datums", "tokens_trained",
+            "seconds_generation", "seconds_environment", "seconds_update", "seconds")
     runs = []
     for seed in seeds:
         run = out / f"seed{seed}"
@@ -86,17 +82,17 @@ def collect(out: Path, seeds: list[int]) -> dict:
             continue
         with (run / "train" / "metrics.csv").open(newline="") as f:
             metrics = list(csv.DictReader(f))
-        keep = ("version", "trees", "root_success", "agents", "delegations", "datums", "tokens_trained",
-                "seconds_generation", "seconds_environment", "seconds_update", "seconds")
         runs.append({"seed": seed, "change": paired_change(before, read_jsonl(run / "after" / "seed0.jsonl")),
                      "updates": [{k: row[k] for k in keep if k in row} for row in metrics]})
     return {"tasks": len(before), "before_seconds": sum(r["seconds"] for r in before), "runs": runs}
 
 
 def interval(values: list[float]) -> str:
-    if len(values) < 2:
-        return f"{fmean(values):+.3f}"
-    return f"{fmean(values):+.3f} ± {1.96 * stdev(values) / len(values) ** 0.5:.3f}"
+    """The signed mean ± its 95% half interval over seeds (:func:`~sera_core.eval.points.mean_interval`)."""
+    from sera_core.eval.points import mean_interval
+
+    mean, half = mean_interval(values)
+    return f"{mean:+.3f}" if half is None else f"{mean:+.3f} ± {half:.3f}"
 
 
 def report(results: dict) -> str:
@@ -120,6 +116,8 @@ def figure(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from sera_core.eval.points import mean_interval
+
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     runs = results["runs"]
     for k, r in enumerate(runs):
@@ -130,8 +128,8 @@ def figure(results: dict, path: Path) -> None:
         axes[1].errorbar([k], [d["rate"]], yerr=[d["ci"]], fmt="o", color=f"C{k}", capsize=4)
     labels = [f"seed {r['seed']}\n{r['change']['before']['rate']:.0%} -> {r['change']['after']['rate']:.0%}" for r in runs]
     if len(runs) > 1:
-        diffs = [r["change"]["difference"]["rate"] for r in runs]
-        axes[1].errorbar([len(runs)], [fmean(diffs)], yerr=[1.96 * stdev(diffs) / len(diffs) ** 0.5], fmt="s", color="k", capsize=4)
+        mean, half = mean_interval([r["change"]["difference"]["rate"] for r in runs])
+        axes[1].errorbar([len(runs)], [mean], yerr=[half], fmt="s", color="k", capsize=4)
         labels.append(f"mean of {len(runs)}")
     axes[1].axhline(0, color="grey", lw=0.8)
     axes[1].axhline(0.10, color="grey", lw=0.8, ls="--", label="target +0.10")
@@ -166,7 +164,7 @@ def main() -> None:
         if args.max_craft_steps and not (out / "train_tasks.jsonl").exists():
             write_train_tasks(out / "train_tasks.jsonl", args.max_craft_steps)
         if not (out / "before" / "summary.json").exists():
-            sera("eval", "--tasks", str(tasks), "--policy", policy(args.start), "--out", str(out / "before"), "--resume",
+            sera("eval", "--tasks", str(tasks), "--policy", f"vllm:{args.start}", "--out", str(out / "before"), "--resume",
                  "--label", f"execution curve, before ({args.start})")
         for seed in args.seeds:
             run_seed(args, out, seed, tasks)
