@@ -237,10 +237,11 @@ def make_actor(spec: str, *, max_batch: int = 64, noise: float = 0.0, tokenizer:
     backend, _, name = spec.partition(":")
     if backend not in ("hf", "vllm") or not name:
         raise UserInputError(f"a policy is 'expert', 'tiny', 'hf:PATH' or 'vllm:PATH', not {spec!r}")
+    from sera_core.policy.checkpoints import checkpoint_engine, checkpoint_folder, checkpoint_policy
     from sera_core.policy.models import is_adapter, model_folder
 
     path = model_folder(name)
-    checkpoint = path if (path / "state.json").is_file() else path / "checkpoint"
+    checkpoint = checkpoint_folder(path)
     if not (checkpoint / "state.json").is_file():
         checkpoint = None
         if not (path / "config.json").is_file() and not is_adapter(path):
@@ -249,15 +250,11 @@ def make_actor(spec: str, *, max_batch: int = 64, noise: float = 0.0, tokenizer:
     if backend == "hf":
         from sera_core.policy.hf import HFPolicy
 
-        if checkpoint is not None:
-            from sera_core.policy.checkpoints import checkpoint_policy  # a run's checkpoint
-
+        if checkpoint is not None:  # a run's checkpoint
             return PolicyActor(checkpoint_policy(checkpoint), max_batch=max_batch)
         return PolicyActor(HFPolicy(path), max_batch=max_batch)
     from sera_core.policy.vllm_backend import VLLMPolicy
 
     if checkpoint is None:
         return PolicyActor(VLLMPolicy(path), max_batch=max_batch)
-    from sera_core.policy.checkpoints import checkpoint_engine
-
     return PolicyActor(checkpoint_engine(checkpoint), max_batch=max_batch)
