@@ -135,10 +135,11 @@ def rollout_policy(cfg: Any, *, dtype: str | None = None) -> Any:
 
 def config_hash(cfg: Any) -> str:
     """The first 16 hex digits of the sha256 of a run config's settings (``cfg.to_json()``,
-    keys sorted): two configs with the same hash play and train alike."""
-    from sera_core.utils.jsonio import settings_hash
+    keys sorted, less the keys added after fixtures were recorded while at their default:
+    ``utils.jsonio.hashed_settings``): two configs with the same hash play and train alike."""
+    from sera_core.utils.jsonio import hashed_settings, settings_hash
 
-    return settings_hash(cfg.to_json())
+    return settings_hash(hashed_settings(cfg))
 
 
 def code_version() -> dict[str, Any]:

@@ -248,3 +248,20 @@ def test_sera_course_record_hands_its_arguments_to_record_fixture(tmp_path, monk
     assert seen["overrides"] == {"trees_per_task": 3} and seen["policy_max_steps"] is None  # 0: the config's steps
     assert (seen["points"], seen["policy_seed"], seen["policy_split"]) == (4, 0, "train")
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["command"] == "course"
+
+
+def test_the_committed_fixture_still_loads_with_the_config_it_names():
+    """A config key added later (``hashed_when_set``) must leave the committed fixture's config hash
+    valid while at its default, and change it once set: notebooks 04-07 load this fixture."""
+    import json
+    from pathlib import Path
+
+    from sera_core.course import config_hash, load_fixture
+    from sera_core.train.config import load_config
+
+    folder = Path(__file__).resolve().parents[1] / "notebooks" / "fixture"
+    recorded = json.loads((folder / "manifest.json").read_text())["config"]
+    cfg = load_config(recorded["name"], **recorded["overrides"])
+    assert config_hash(cfg) == recorded["hash"]
+    assert load_fixture(folder, cfg).manifest["config"]["hash"] == recorded["hash"]
+    assert config_hash(cfg.replace(init_from="runs/x")) != recorded["hash"]

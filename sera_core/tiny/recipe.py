@@ -29,7 +29,7 @@ import os
 import platform
 import shutil
 import time
-from dataclasses import dataclass, field, fields, is_dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ from sera_core.policy.tiny import TinyModelConfig, init_model, train_tokenizer
 from sera_core.tiny.demos import DemoConfig, copy_drills, corpus_texts, demonstrations
 from sera_core.tiny.sft import SFTConfig, train_sft
 from sera_core.utils.folders import swap_in
-from sera_core.utils.jsonio import settings_hash
+from sera_core.utils.jsonio import hashed_settings, settings_hash
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "tiny"
 """Where the shipped model lives inside the package."""
@@ -67,25 +67,13 @@ class Hashed:
     """A dataclass recipe named by its settings: ``to_json`` and ``config_hash``."""
 
     def to_json(self) -> dict[str, Any]:
-        """The settings as JSON; a field added after builds were named (its metadata says
-        ``hashed_when_set``) is left out while it holds its default, so those names stay valid."""
-        return json.loads(json.dumps(_settings(self)))
+        """The settings as JSON (``utils.jsonio.hashed_settings``: a field added after builds were
+        named is left out while it holds its default, so those names stay valid)."""
+        return hashed_settings(self)
 
     def config_hash(self) -> str:
         """sha256 of the recipe's settings (the first 16 hex digits name a build)."""
         return settings_hash(self.to_json())
-
-
-def _settings(obj: Any) -> Any:
-    """``asdict`` of a (nested) dataclass without the ``hashed_when_set`` fields at their default."""
-    if is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _settings(getattr(obj, f.name)) for f in fields(obj)
-                if not (f.metadata.get("hashed_when_set") and getattr(obj, f.name) == f.default)}
-    if isinstance(obj, (list, tuple)):
-        return [_settings(x) for x in obj]
-    if isinstance(obj, dict):
-        return {k: _settings(v) for k, v in obj.items()}
-    return obj
 
 
 @dataclass(frozen=True)

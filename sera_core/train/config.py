@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +67,7 @@ class TrainConfig:
     engine_dtype: str = "auto"
     """vllm: ``auto`` (bfloat16 where the device runs it natively: GPUs, CPUs with AVX512_BF16
     or AMX; else float32), ``float32`` or ``bfloat16``."""
-    init_from: str | None = None
+    init_from: str | None = field(default=None, metadata={"hashed_when_set": True})
     """A trained checkpoint (``RUN`` or ``RUN/checkpoint``, e.g. a rubric-stage run's) whose
     weights this run starts from instead of ``model``'s own; it must have been trained from the
     same ``model``. Only the weights are taken: the optimizer starts fresh and the run's

@@ -16,6 +16,7 @@ import os
 import tempfile
 import zlib
 from collections.abc import Iterable, Iterator
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,21 @@ from sera_core.utils.errors import UserInputError
 def json_native(obj: Any) -> Any:
     """A JSON-native copy of ``obj``: what ``json.loads(json.dumps(obj))`` gives (tuples become lists)."""
     return json.loads(json.dumps(obj))
+
+
+def hashed_settings(obj: Any) -> Any:
+    """The settings of a (nested) dataclass as JSON, as a name is computed from them: every field
+    except those added after names were recorded (their metadata says ``hashed_when_set``) while
+    they hold their default, so the names recorded before them (a warm-start build's, a course
+    fixture's) stay valid; tuples become lists."""
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: hashed_settings(getattr(obj, f.name)) for f in fields(obj)
+                if not (f.metadata.get("hashed_when_set") and getattr(obj, f.name) == f.default)}
+    if isinstance(obj, (list, tuple)):
+        return [hashed_settings(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: hashed_settings(v) for k, v in obj.items()}
+    return json_native(obj)
 
 
 def settings_hash(value: Any) -> str:
