@@ -84,7 +84,7 @@ def collect(out: Path, seeds: list[int]) -> dict:
             metrics = list(csv.DictReader(f))
         runs.append({"seed": seed, "change": paired_change(before, read_jsonl(run / "after" / "seed0.jsonl")),
                      "updates": [{k: row[k] for k in keep if k in row} for row in metrics]})
-    return {"tasks": len(before), "before_seconds": sum(r["seconds"] for r in before), "runs": runs}
+    return {"tasks": len(before), "runs": runs}
 
 
 def interval(values: list[float]) -> str:
