@@ -134,9 +134,10 @@ def rollout_policy(cfg: Any, *, dtype: str | None = None) -> Any:
 
 
 def config_hash(cfg: Any) -> str:
-    """The first 16 hex digits of the sha256 of a run config's settings (``cfg.to_json()``,
-    keys sorted, less the keys added after fixtures were recorded while at their default:
-    ``utils.jsonio.hashed_settings``): two configs with the same hash play and train alike."""
+    """The first 16 hex digits of the sha256 of a run config's settings, keys sorted:
+    ``utils.jsonio.hashed_settings(cfg)``, which is ``cfg.to_json()`` less the keys added after
+    fixtures were recorded while they hold their default. Two configs with the same hash play and
+    train alike."""
     from sera_core.utils.jsonio import hashed_settings, settings_hash
 
     return settings_hash(hashed_settings(cfg))
