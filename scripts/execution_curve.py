@@ -13,7 +13,8 @@ Each step is a ``sera`` command in its own process (its engine's memory goes wit
 resumes (``--resume``), and a finished step is skipped, so the script can be killed and
 started again at any point. ``--report`` only writes ``OUT/results.json``, ``OUT/table.md``
 and ``OUT/execution_curve.png`` (``--figures DIR`` copies the figure and the results there as
-``execution_curve.{png,json}``).
+``execution_curve.{png,json}``). ``--before DIR`` reuses a finished "before" of the same start and
+tasks (another OUT's ``before/``, checked against its ``plan.json``) instead of measuring it again.
 
 ``nohup .venv/bin/python scripts/execution_curve.py --out runs/curve2 --start runs/rubric_curve_label5/rubric_scorer_label_seed0 > runs/curve2.log 2>&1 &``
 """
@@ -55,6 +56,22 @@ def run_seed(args, out: Path, seed: int, tasks: Path) -> None:
     if not summary.exists():
         sera("eval", "--tasks", str(tasks), "--policy", f"vllm:{run / 'train'}", "--out", str(run / "after"), "--resume",
              "--label", label)
+
+
+def reuse_before(source: Path, out: Path, start: str, tasks: Path) -> None:
+    """Copy a finished evaluation ``source`` into ``out/before`` after checking that its plan played
+    the policy ``vllm:{start}`` on exactly the tasks of ``tasks`` (:func:`~sera_core.eval.evaluator.read_plan`)."""
+    from sera_core.eval.evaluator import read_plan
+    from sera_core.utils.jsonio import read_jsonl
+
+    plan = read_plan(source)
+    if plan["policy"] != f"vllm:{start}":
+        raise SystemExit(f"--before {source} evaluated {plan['policy']!r}, not the start vllm:{start}")
+    if plan["tasks"] != [t["id"] for t in read_jsonl(tasks)]:
+        raise SystemExit(f"--before {source} played other tasks than {tasks}")
+    if not (source / "summary.json").exists():
+        raise SystemExit(f"--before {source} is unfinished (no summary.json)")
+    shutil.copytree(source, out / "before")
 
 
 def write_train_tasks(path: Path, max_craft_steps: int) -> None:
@@ -153,6 +170,7 @@ def main() -> None:
                         help="train only on easy tasks of at most this many crafts (default: every easy train task)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="another training config override")
     parser.add_argument("--out", default="runs/execution_curve")
+    parser.add_argument("--before", default=None, help="reuse this finished evaluation of the start (another OUT's before/)")
     parser.add_argument("--report", action="store_true", help="only write the table and figure from what is done")
     parser.add_argument("--figures", default=None, help="also copy the figure and results into this folder")
     args = parser.parse_args()
@@ -163,6 +181,8 @@ def main() -> None:
             sera("tasks", "--split", "val", "--difficulty", "easy", "--limit", str(args.tasks), "--out", str(tasks))
         if args.max_craft_steps and not (out / "train_tasks.jsonl").exists():
             write_train_tasks(out / "train_tasks.jsonl", args.max_craft_steps)
+        if args.before and not (out / "before").exists():
+            reuse_before(Path(args.before), out, args.start, tasks)
         if not (out / "before" / "summary.json").exists():
             sera("eval", "--tasks", str(tasks), "--policy", f"vllm:{args.start}", "--out", str(out / "before"), "--resume",
                  "--label", f"execution curve, before ({args.start})")
