@@ -135,7 +135,7 @@ def figure(results: dict, path: Path) -> None:
 
     from sera_core.eval.points import mean_interval
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
     runs = results["runs"]
     for k, r in enumerate(runs):
         ups = r["updates"]
