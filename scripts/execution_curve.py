@@ -58,19 +58,20 @@ def run_seed(args, out: Path, seed: int, tasks: Path) -> None:
              "--label", label)
 
 
-def reuse_before(source: Path, out: Path, start: str, tasks: Path) -> None:
-    """Copy a finished evaluation ``source`` into ``out/before`` after checking that its plan played
-    the policy ``vllm:{start}`` on exactly the tasks of ``tasks`` (:func:`~sera_core.eval.evaluator.read_plan`)."""
-    from sera_core.eval.evaluator import read_plan
+def reuse_before(source: Path, out: Path, policy: str, tasks: Path) -> None:
+    """Copy a finished evaluation ``source`` into ``out/before`` after checking that it is the one
+    this script would run: the plan ``sera eval`` writes for ``policy`` on the tasks of ``tasks``
+    with the contract's settings, compared by the evaluator's own plan check (any label)."""
+    from sera_core.eval.evaluator import EvalConfig, EvalError, _check_plan, _plan, read_plan
     from sera_core.utils.jsonio import read_jsonl
 
-    plan = read_plan(source)
-    if plan["policy"] != f"vllm:{start}":
-        raise SystemExit(f"--before {source} evaluated {plan['policy']!r}, not the start vllm:{start}")
-    if plan["tasks"] != [t["id"] for t in read_jsonl(tasks)]:
-        raise SystemExit(f"--before {source} played other tasks than {tasks}")
     if not (source / "summary.json").exists():
         raise SystemExit(f"--before {source} is unfinished (no summary.json)")
+    cfg = EvalConfig("textcraft", policy=policy, label=read_plan(source)["label"])
+    try:
+        _check_plan(source, _plan(cfg, [t["id"] for t in read_jsonl(tasks)], 1))
+    except EvalError as exc:
+        raise SystemExit(f"--before: {exc}") from None
     shutil.copytree(source, out / "before")
 
 
@@ -181,10 +182,11 @@ def main() -> None:
             sera("tasks", "--split", "val", "--difficulty", "easy", "--limit", str(args.tasks), "--out", str(tasks))
         if args.max_craft_steps and not (out / "train_tasks.jsonl").exists():
             write_train_tasks(out / "train_tasks.jsonl", args.max_craft_steps)
+        start = f"vllm:{args.start}"
         if args.before and not (out / "before").exists():
-            reuse_before(Path(args.before), out, args.start, tasks)
+            reuse_before(Path(args.before), out, start, tasks)
         if not (out / "before" / "summary.json").exists():
-            sera("eval", "--tasks", str(tasks), "--policy", f"vllm:{args.start}", "--out", str(out / "before"), "--resume",
+            sera("eval", "--tasks", str(tasks), "--policy", start, "--out", str(out / "before"), "--resume",
                  "--label", f"execution curve, before ({args.start})")
         for seed in args.seeds:
             run_seed(args, out, seed, tasks)

@@ -51,7 +51,7 @@ def test_each_finished_seed_is_paired_task_by_task_with_the_start(tmp_path):
     assert (tmp_path / "curve.png").stat().st_size > 10_000
 
 
-def test_a_before_of_the_same_start_and_tasks_is_reused_and_any_other_is_refused(tmp_path):
+def test_a_before_of_the_same_start_tasks_and_settings_is_reused_and_any_other_is_refused(tmp_path):
     from dataclasses import replace
 
     import pytest
@@ -63,14 +63,16 @@ def test_a_before_of_the_same_start_and_tasks_is_reused_and_any_other_is_refused
     cfg = EvalConfig(env="textcraft", policy="vllm:runs/start", label="before")
     ids = ["t0", "t1", "t2"]
     for name, plan in [("good", _plan(cfg, ids, 1)), ("other_policy", _plan(replace(cfg, policy="vllm:x"), ids, 1)),
-                       ("other_tasks", _plan(cfg, ids[:2], 1)), ("unfinished", _plan(cfg, ids, 1))]:
+                       ("other_tasks", _plan(cfg, ids[:2], 1)), ("other_steps", _plan(replace(cfg, max_steps_per_agent=12), ids, 1)),
+                       ("unfinished", _plan(cfg, ids, 1))]:
         write_eval(tmp_path / name, [True, False, True][:len(plan["tasks"])])
         (tmp_path / name / "plan.json").write_text(json.dumps(plan))
     (tmp_path / "unfinished" / "summary.json").unlink()
-    for name, words in [("other_policy", "not the start"), ("other_tasks", "other tasks"), ("unfinished", "unfinished")]:
+    for name, words in [("other_policy", "other policy"), ("other_tasks", "other tasks"), ("other_steps", "other config"),
+                        ("unfinished", "unfinished")]:
         with pytest.raises(SystemExit, match=words):
-            SCRIPT["reuse_before"](tmp_path / name, tmp_path / name / "out", "runs/start", tasks)
+            SCRIPT["reuse_before"](tmp_path / name, tmp_path / name / "out", "vllm:runs/start", tasks)
         assert not (tmp_path / name / "out" / "before").exists()
     (tmp_path / "out").mkdir()
-    SCRIPT["reuse_before"](tmp_path / "good", tmp_path / "out", "runs/start", tasks)
+    SCRIPT["reuse_before"](tmp_path / "good", tmp_path / "out", "vllm:runs/start", tasks)
     assert SCRIPT["collect"](tmp_path / "out", [0]) == {"tasks": 3, "runs": []}
