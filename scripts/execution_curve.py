@@ -62,16 +62,19 @@ def reuse_before(source: Path, out: Path, policy: str, tasks: Path) -> None:
     """Copy a finished evaluation ``source`` into ``out/before`` after checking that it is the one
     this script would run: the plan ``sera eval`` writes for ``policy`` on the tasks of ``tasks``
     with the contract's settings, compared by the evaluator's own plan check (any label)."""
-    from sera_core.eval.evaluator import EvalConfig, EvalError, _check_plan, _plan, read_plan
+    from sera_core.eval.evaluator import EvalConfig, EvalError, eval_plan, plan_differences, read_plan
     from sera_core.utils.jsonio import read_jsonl
 
     if not (source / "summary.json").exists():
         raise SystemExit(f"--before {source} is unfinished (no summary.json)")
-    cfg = EvalConfig("textcraft", policy=policy, label=read_plan(source)["label"])
     try:
-        _check_plan(source, _plan(cfg, [t["id"] for t in read_jsonl(tasks)], 1))
+        cfg = EvalConfig("textcraft", policy=policy, label=read_plan(source)["label"])
+        diff = plan_differences(source, eval_plan(cfg, [t["id"] for t in read_jsonl(tasks)], 1))
     except EvalError as exc:
         raise SystemExit(f"--before: {exc}") from None
+    if diff:
+        raise SystemExit(f"--before {source} is an evaluation with other {', '.join(diff)} than this script's "
+                         f"before ({policy} on {tasks})")
     shutil.copytree(source, out / "before")
 
 

@@ -56,15 +56,17 @@ def test_a_before_of_the_same_start_tasks_and_settings_is_reused_and_any_other_i
 
     import pytest
 
-    from sera_core.eval.evaluator import EvalConfig, _plan
+    from sera_core.eval.evaluator import EvalConfig, eval_plan
 
     tasks = tmp_path / "easy_val.jsonl"
     tasks.write_text("".join(json.dumps({"id": f"t{i}"}) + "\n" for i in range(3)))
     cfg = EvalConfig(env="textcraft", policy="vllm:runs/start", label="before")
     ids = ["t0", "t1", "t2"]
-    for name, plan in [("good", _plan(cfg, ids, 1)), ("other_policy", _plan(replace(cfg, policy="vllm:x"), ids, 1)),
-                       ("other_tasks", _plan(cfg, ids[:2], 1)), ("other_steps", _plan(replace(cfg, max_steps_per_agent=12), ids, 1)),
-                       ("unfinished", _plan(cfg, ids, 1))]:
+    for name, plan in [("good", eval_plan(cfg, ids, 1)),
+                       ("other_policy", eval_plan(replace(cfg, policy="vllm:x"), ids, 1)),
+                       ("other_tasks", eval_plan(cfg, ids[:2], 1)),
+                       ("other_steps", eval_plan(replace(cfg, max_steps_per_agent=12), ids, 1)),
+                       ("unfinished", eval_plan(cfg, ids, 1))]:
         write_eval(tmp_path / name, [True, False, True][:len(plan["tasks"])])
         (tmp_path / name / "plan.json").write_text(json.dumps(plan))
     (tmp_path / "unfinished" / "summary.json").unlink()

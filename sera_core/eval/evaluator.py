@@ -123,7 +123,9 @@ def task_row(rollout: Rollout, index: int, seed: int) -> dict[str, Any]:
             "children_labelled": len(labels), "children_passed": sum(labels), "seconds": rollout.seconds}
 
 
-def _plan(cfg: EvalConfig, ids: list[str], shards: int) -> dict[str, Any]:
+def eval_plan(cfg: EvalConfig, ids: list[str], shards: int) -> dict[str, Any]:
+    """The ``plan.json`` that :func:`evaluate` writes for ``cfg`` on the task ids ``ids`` in
+    ``shards`` shards: what an evaluation folder is an evaluation of."""
     config = {("max_steps" if k == "max_steps_per_agent" else k): v  # plan.json keeps its key
               for k, v in asdict(cfg).items() if k not in ("concurrency", "label", "policy")}
     return {"format": PLAN_FORMAT, "env": cfg.env, "tasks": ids, "seeds": list(range(cfg.seeds)), "shards": shards,
@@ -170,6 +172,14 @@ def _check_row(row: dict[str, Any], path: Path) -> None:
             raise EvalError(f"{path}: the row of task {row.get('task_id')!r} has a bad {key!r} ({value!r})")
 
 
+def plan_differences(out: Path, plan: dict[str, Any]) -> list[str]:
+    """The fields (``env``, ``tasks``, ``seeds``, ``shards``, ``config``, ``label``, ``policy``)
+    in which the evaluation folder ``out``'s ``plan.json`` differs from ``plan`` (empty: the same
+    evaluation; :class:`EvalError` if ``out`` holds no valid plan)."""
+    old = read_plan(out)
+    return [k for k in ("env", "tasks", "seeds", "shards", "config", "label", "policy") if old.get(k) != plan.get(k)]
+
+
 def _check_plan(out: Path, plan: dict[str, Any]) -> None:
     """Write ``plan.json``, or check that an existing one describes the same evaluation."""
     path = out / "plan.json"
@@ -177,8 +187,7 @@ def _check_plan(out: Path, plan: dict[str, Any]) -> None:
         out.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(plan, indent=1).encode())
         return
-    old = read_plan(out)
-    diff = [k for k in ("env", "tasks", "seeds", "shards", "config", "label", "policy") if old.get(k) != plan.get(k)]
+    diff = plan_differences(out, plan)
     if diff:
         raise EvalError(f"{out} holds an evaluation with other {', '.join(diff)}; use another --out")
 
@@ -226,7 +235,7 @@ def evaluate(records: list[dict], actor: Any, out: str | Path, cfg: EvalConfig, 
     ids = [probe.benchmark.task_id(r) for r in records]
     if len(set(ids)) != len(ids):
         raise EvalError("task ids are not unique")
-    _check_plan(out, _plan(cfg, ids, n))
+    _check_plan(out, eval_plan(cfg, ids, n))
     mine = [(k, r) for k, r in enumerate(records) if k % n == i]
     played = 0
     for seed in range(cfg.seeds):
