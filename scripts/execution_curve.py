@@ -68,8 +68,9 @@ def reuse_before(source: Path, out: Path, policy: str, tasks: Path) -> None:
     if not (source / "summary.json").exists():
         raise SystemExit(f"--before {source} is unfinished (no summary.json)")
     try:
-        cfg = EvalConfig("textcraft", policy=policy, label=read_plan(source)["label"])
-        diff = plan_differences(source, eval_plan(cfg, [t["id"] for t in read_jsonl(tasks)], 1))
+        old = read_plan(source)
+        cfg = EvalConfig("textcraft", policy=policy, label=old["label"])
+        diff = plan_differences(old, eval_plan(cfg, [t["id"] for t in read_jsonl(tasks)], 1))
     except EvalError as exc:
         raise SystemExit(f"--before: {exc}") from None
     if diff:

@@ -172,12 +172,10 @@ def _check_row(row: dict[str, Any], path: Path) -> None:
             raise EvalError(f"{path}: the row of task {row.get('task_id')!r} has a bad {key!r} ({value!r})")
 
 
-def plan_differences(out: Path, plan: dict[str, Any]) -> list[str]:
-    """The fields (``env``, ``tasks``, ``seeds``, ``shards``, ``config``, ``label``, ``policy``)
-    in which the evaluation folder ``out``'s ``plan.json`` differs from ``plan`` (empty: the same
-    evaluation; :class:`EvalError` if ``out`` holds no valid plan)."""
-    old = read_plan(out)
-    return [k for k in ("env", "tasks", "seeds", "shards", "config", "label", "policy") if old.get(k) != plan.get(k)]
+def plan_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The fields of an evaluation plan (``env``, ``tasks``, ``seeds``, ``shards``, ``config``,
+    ``label``, ``policy``) in which the plans ``old`` and ``new`` differ (empty: the same evaluation)."""
+    return [k for k in _PLAN_FIELDS if old.get(k) != new.get(k)]
 
 
 def _check_plan(out: Path, plan: dict[str, Any]) -> None:
@@ -187,7 +185,7 @@ def _check_plan(out: Path, plan: dict[str, Any]) -> None:
         out.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(plan, indent=1).encode())
         return
-    diff = plan_differences(out, plan)
+    diff = plan_differences(read_plan(out), plan)
     if diff:
         raise EvalError(f"{out} holds an evaluation with other {', '.join(diff)}; use another --out")
 
