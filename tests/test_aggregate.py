@@ -154,6 +154,7 @@ def test_paired_change_counts_the_same_tasks_and_its_interval_by_hand():
     after = [{"task_id": f"t{i}", "success": i in (2, 3, 4, 5, 0), "error": "boom" if i == 0 else None} for i in range(6)]
     out = paired_change(before, reversed(after))  # order does not matter: tasks are paired by id
     assert (out["tasks"], out["gained"], out["lost"]) == (6, 2, 1)
+    assert (out["gained_tasks"], out["lost_tasks"]) == (["t4", "t5"], ["t1"])
     assert out["before"]["rate"] == 0.5 and out["after"]["rate"] == pytest.approx(4 / 6)
     assert out["before"]["ci"] == pytest.approx(1.96 * math.sqrt(0.25 / 6))
     diffs = [0, -1, 0, 0, 1, 1]

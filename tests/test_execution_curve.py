@@ -47,6 +47,11 @@ def test_each_finished_seed_is_paired_task_by_task_with_the_start(tmp_path):
     table = SCRIPT["report"](results)
     assert "| 0 | 25% | 38% | +0.125 ± " in table and "| 2 / 1 | 4,000 | 8 / 2 / 12 |" in table
     assert "| mean over 2 seeds | | | +0.250 ± 0.245 |" in table  # (1/8 + 3/8) / 2, 1.96 * std / sqrt(2)
+    # t1 gained in both seeds, then t2 (seed 0), t4 (lost in seed 0), t5 and t6 (seed 1)
+    assert SCRIPT["moved"](results).splitlines()[2:] == [
+        "| t1 | failed | 2 | 0 1 |", "| t2 | failed | 1 | 0 |", "| t4 | solved | 1 | 0 |", "| t5 | failed | 1 | 1 |",
+        "| t6 | failed | 1 | 1 |"]
+    assert SCRIPT["moved"](results) in table
     SCRIPT["figure"](results, tmp_path / "curve.png")
     assert (tmp_path / "curve.png").stat().st_size > 10_000
 

@@ -203,7 +203,8 @@ def paired_change(before: Iterable[Mapping[str, Any]], after: Iterable[Mapping[s
     approximation ``1.96 * sqrt(p (1 - p) / n)``, and the paired difference
     ``d = mean_i (y_i^after - y_i^before)`` with ``1.96 * std_i(d_i) / sqrt(n)`` (sample std),
     which is narrower than two separate intervals when the models fail the same tasks.
-    Also how many tasks each model alone solved (``gained``, ``lost``). Rates in [0, 1].
+    Also how many tasks each model alone solved (``gained``, ``lost``) and which
+    (``gained_tasks``, ``lost_tasks``: sorted ids). Rates in [0, 1].
 
     Raises ``ValueError`` when the two sets of tasks differ."""
     b = {row["task_id"]: float(succeeded(row)) for row in before}
@@ -222,4 +223,5 @@ def paired_change(before: Iterable[Mapping[str, Any]], after: Iterable[Mapping[s
 
     return {"tasks": n, "before": rate(b.values()), "after": rate(a.values()),
             "difference": {"rate": d, "ci": 1.96 * sd / math.sqrt(n)},
-            "gained": sum(x > 0 for x in diffs), "lost": sum(x < 0 for x in diffs)}
+            "gained": sum(x > 0 for x in diffs), "lost": sum(x < 0 for x in diffs),
+            "gained_tasks": [t for t in sorted(a) if a[t] > b[t]], "lost_tasks": [t for t in sorted(a) if a[t] < b[t]]}
