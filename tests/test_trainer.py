@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,8 @@ FIXTURE = ASSETS
 """The from-scratch 1M-parameter model: a fast stand-in that pins the trainer's bookkeeping
 (the embedded policy, ``model: tiny``, is a 135M LoRA model: tests/test_embedded.py trains it)."""
 TIMES = {"seconds_generation", "seconds_environment", "seconds_update", "seconds"}
-FLOATS = {"loss", "grad_norm", "advantage_mean", "advantage_std", "reward_mean", "ratio_mean", "clip_fraction_low",
-          "clip_fraction_high", "ranking_loss", "pairwise_accuracy", "root_success", "rubric_validity", "score_validity"}
+FLOATS = {"loss", "grad_norm", "advantage_mean", "advantage_std", "advantage_token_mean", "reward_mean", "ratio_mean",
+          "clip_fraction_low", "clip_fraction_high", "ranking_loss", "pairwise_accuracy", "root_success", "rubric_validity", "score_validity"}
 
 
 def golden_config(tmp_path: Path, **overrides):
@@ -74,6 +75,8 @@ def test_metrics_have_every_column_and_training_moves_the_weights(reference):
     assert list(rows[0]) == [m for m in METRICS if m not in TIMES]
     assert [r["stage"] for r in rows] == ["execution", "execution", "delegation", "rubric_generation"]
     assert all(int(r["tokens_trained"]) > 0 for r in rows if r["stage"] == "execution")
+    assert all(math.isfinite(float(r["advantage_token_mean"])) for r in rows if int(r["tokens_trained"]) > 0)
+    assert all(r["advantage_token_mean"] == "" for r in rows if int(r["tokens_trained"]) == 0)
     assert all(int(r["tokens_execution"]) > 0 for r in rows)
     state = json.loads((Path(cfg.out) / "checkpoint" / "state.json").read_text())
     assert state["version"] == 4

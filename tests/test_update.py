@@ -10,7 +10,7 @@ from sera_core.agents.tree import Tree, Turn
 from sera_core.policy.tiny import TinyModelConfig, init_model
 from sera_core.rewards import Datum
 from sera_core.train.advantages import Advantage
-from sera_core.train.update import TokenRow, loss_and_backward, micro_batches, rescored, sequence_logprobs, token_rows
+from sera_core.train.update import TokenRow, advantage_token_mean, loss_and_backward, micro_batches, rescored, sequence_logprobs, token_rows
 
 
 def act(prompt, completion, roles, logprobs=None):
@@ -45,6 +45,19 @@ def test_rows_pack_an_agents_turns_and_mask_exactly_the_role():
     assert [r.trained for r in launch] == [(False,) * 6 + (False, True, True)]
     rubric = token_rows({"t": tree}, [Advantage(Datum("t", "x", "0", 2, "rubric", 0, 1.0), 1.0)])
     assert rubric[0].ids == (9, 9, 20, 21) and rubric[0].tokens == 2
+
+
+def test_advantage_token_mean_weighs_each_datum_by_its_trained_tokens():
+    """A group of two, leave-one-out: the success (+1) trains 2 tokens, the failure (-1) 6, so
+    the datums' mean is 0 and the tokens' mean (2 - 6) / 8 = -0.5; untrained positions do not count."""
+    def row(advantage: float, trained: int, untrained: int) -> TokenRow:
+        n = trained + untrained
+        return TokenRow(tuple(range(n)), (False,) * untrained + (True,) * trained, (0.0,) * n,
+                        (0.0,) * untrained + (advantage,) * trained)
+
+    assert advantage_token_mean([row(1.0, 2, 5), row(-1.0, 6, 3)]) == -0.5
+    assert advantage_token_mean([row(1.0, 4, 1), row(-1.0, 4, 9)]) == 0.0  # equally long: 0
+    assert advantage_token_mean([row(1.0, 0, 4)]) is None
 
 
 def test_micro_batches_respect_the_token_budget():

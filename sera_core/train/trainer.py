@@ -83,7 +83,7 @@ from sera_core.train.advantages import (
 from sera_core.train.cispo import CISPOConfig
 from sera_core.train.config import RENAMED, TrainConfig
 from sera_core.train.stages import Stage, StageController
-from sera_core.train.update import loss_and_backward, token_rows
+from sera_core.train.update import advantage_token_mean, loss_and_backward, token_rows
 from sera_core.utils.errors import UserInputError
 from sera_core.utils.folders import sha256_file, swap_in
 from sera_core.utils.seeding import derive_seed
@@ -91,7 +91,7 @@ from sera_core.utils.seeding import derive_seed
 METRICS = (
     "version", "stage", "cycle", "tasks", "trees", "errors", "root_success", "agents", "delegations",
     "rubric_validity", "score_validity", "groups", "groups_valid", "ranking_loss", "pairwise_accuracy",
-    "datums", "datums_filtered", "reward_mean", "advantage_mean", "advantage_std",
+    "datums", "datums_filtered", "reward_mean", "advantage_mean", "advantage_std", "advantage_token_mean",
     "loss", "grad_norm", "clip_fraction_low", "clip_fraction_high", "ratio_mean", "tokens_trained",
     "tokens_execution", "tokens_launch", "tokens_rubric", "tokens_score",
     "judge_calls", "judge_tokens", "external_calls", "external_tokens",
@@ -304,8 +304,9 @@ class Trainer:
         the advantages, the datums zero-variance filtering dropped, the loss statistics of
         the whole update and the gradient norm before clipping."""
         adv, filtered = self.advantages(stage, rollouts)
-        stats, grad_norm = self.train_rows(token_rows({r.tree.tree_id: r.tree for r in rollouts}, adv))
-        return adv, filtered, stats, grad_norm
+        rows = token_rows({r.tree.tree_id: r.tree for r in rollouts}, adv)
+        stats, grad_norm = self.train_rows(rows)
+        return adv, filtered, stats | {"advantage_token_mean": advantage_token_mean(rows)}, grad_norm
 
     def train_rows(self, rows: list) -> tuple[dict[str, float], float]:
         """One optimizer step on ``rows`` (every process passes all of them): the CISPO (or
@@ -376,6 +377,8 @@ class Trainer:
             "reward_mean": round(fmean(a.datum.reward for a in adv), 6) if adv else None,
             "advantage_mean": round(fmean(values), 6) if values else None,
             "advantage_std": round(pstdev(values), 6) if values else None,
+            "advantage_token_mean": None if stats.get("advantage_token_mean") is None
+            else round(stats["advantage_token_mean"], 6),
             "loss": round(stats["loss"], 8), "grad_norm": round(grad_norm, 6),
             "clip_fraction_low": round(stats["clip_fraction_low"], 6), "clip_fraction_high": round(stats["clip_fraction_high"], 6),
             "ratio_mean": round(stats["ratio_mean"], 6), "tokens_trained": int(stats["tokens"]),

@@ -185,6 +185,19 @@ def advantage_weighted_logprob(rows: Sequence[TokenRow]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def advantage_token_mean(rows: Sequence[TokenRow]) -> float | None:
+    """``(1/N) sum_t A_t`` over the trained tokens of ``rows`` (``A_t = w_d * A`` of the
+    token's datum; None without trained tokens): the advantage as the token-mean loss weighs it.
+
+    Leave-one-out advantages sum to 0 over each group's datums, but each datum's advantage
+    counts once per token. So this is 0 when a group's trajectories are equally long, negative
+    when its failing ones are longer (their negative advantage is spread over more tokens, e.g.
+    a failure that repeats one block until its turns run out beside a 5-turn success), and
+    positive when the successful ones are. ``advantage_mean`` weighs each datum once instead."""
+    values = [a for r in rows for t, a in zip(r.trained, r.advantage, strict=True) if t]
+    return sum(values) / len(values) if values else None
+
+
 def process_share(groups: Sequence[list[TokenRow]], part: tuple[int, int]) -> list[list[TokenRow]]:
     """Micro-batches ``i::P`` of ``groups`` for ``part=(i, P)``, padded to ``ceil(M / P)``
     with zero-weight copies of the first row (module docstring); ``[]`` when ``M = 0``."""
