@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from sera_core.agents.tree import read_trees
 from sera_core.policy.checkpoints import CheckpointError
 from sera_core.tiny.recipe import ASSETS
 from sera_core.train.config import CONFIGS, load_config
@@ -86,8 +87,10 @@ def test_interrupted_run_resumes_to_the_same_metrics_and_weights(reference, tmp_
     """A run stopped after 2 of 4 updates and resumed runs only updates 2 and 3 (a run restarted
     from update 0 would reach the same weights and metrics: every draw is seeded)."""
     _, ref_cfg = reference
-    cfg = golden_config(tmp_path)
+    cfg = golden_config(tmp_path, save_rollouts=True)  # operational: the same run as the reference's
     assert [r["version"] for r in Trainer(cfg, progress=False).run(stop_after=2)] == [0, 1]
+    kept = Path(cfg.out) / "rollouts"
+    assert sorted(p.name for p in kept.iterdir()) == ["v00000.jsonl.gz", "v00001.jsonl.gz"]
     done = rows(Path(cfg.out))
     state_file = Path(cfg.out) / "checkpoint" / "state.json"  # as a checkpoint written before the key's rename
     state = json.loads(state_file.read_text())
@@ -98,6 +101,13 @@ def test_interrupted_run_resumes_to_the_same_metrics_and_weights(reference, tmp_
     assert rows(Path(cfg.out))[:2] == done  # the first two rows, timings included, are the first call's
     assert metrics(Path(cfg.out)) == metrics(Path(ref_cfg.out))
     assert weights(Path(cfg.out)) == weights(Path(ref_cfg.out))
+    # each update's trees, as it trained on them: its metrics row is their summary
+    for row in rows(Path(cfg.out)):
+        trees = read_trees(kept / f"v{int(row['version']):05d}.jsonl.gz")
+        assert len(trees) == int(row["trees"]) == cfg.tasks_per_update * cfg.trees_per_task
+        assert float(row["root_success"]) == pytest.approx(sum(t.root_reward or 0 for t in trees) / len(trees))
+    Trainer(cfg, progress=False).run(stop_after=1)  # a fresh run in the same folder starts its rollouts afresh
+    assert sorted(p.name for p in kept.iterdir()) == ["v00000.jsonl.gz"]
 
 
 def test_a_run_folder_moved_elsewhere_resumes_there(reference, tmp_path):

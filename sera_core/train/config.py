@@ -165,6 +165,10 @@ class TrainConfig:
     an agent's turn budget is :attr:`max_steps_per_agent`."""
     checkpoint_every: int = 10
     """A checkpoint every this many updates (and at the end)."""
+    save_rollouts: bool = False
+    """Keep what each update trained on: its trees in ``out/rollouts/v{version:05d}.jsonl.gz``
+    (:func:`~sera_core.agents.tree.read_trees` reads them; on TextCraft a few KB a tree,
+    compressed). A resumed run rewrites the versions it redoes."""
     log_with: str = "none"
     """Experiment tracker beside ``metrics.csv``, through Accelerate's tracker API on the
     main process: ``none``, ``tensorboard`` (``out/tensorboard``; the ``[tracking]``
@@ -176,7 +180,7 @@ class TrainConfig:
     seed: int = 0
     """Base of every derived seed (tasks, rollouts)."""
     out: str = "runs/sera"
-    """Run folder: metrics, checkpoints, rollouts."""
+    """Run folder: ``metrics.csv``, ``checkpoint/``, and ``rollouts/`` with :attr:`save_rollouts`."""
     accelerate_config: str | None = None
     """Accelerate config for multi-GPU launches (shipped: ``accelerate/1xh200.yaml``,
     ``accelerate/2x8xh200.yaml``); informational for ``--dry-run``."""

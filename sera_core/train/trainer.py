@@ -67,6 +67,7 @@ from tqdm.auto import tqdm
 from sera_core.agents.actors import as_actor
 from sera_core.agents.runtime import Rollout, Runtime
 from sera_core.agents.summary import summarize
+from sera_core.agents.tree import write_trees
 from sera_core.envs.registry import benchmark
 from sera_core.policy.checkpoints import (CheckpointError, CheckpointWriteError, initial_weights, model_path,
                                           read_checkpoint)
@@ -100,8 +101,8 @@ METRICS = (
 """The columns of ``metrics.csv`` (one row per update)."""
 
 
-OPERATIONAL = ("total_updates", "checkpoint_every", "log_with", "judge_cache", "judge_timeout_s", "judge_max_retries",
-               "out")
+OPERATIONAL = ("total_updates", "checkpoint_every", "save_rollouts", "log_with", "judge_cache", "judge_timeout_s",
+               "judge_max_retries", "out")
 """Config keys a resumed run may change (they do not change what is trained): ``out`` too, so a
 run folder moved or copied elsewhere resumes there."""
 
@@ -290,6 +291,8 @@ class Trainer:
         spent = self._supervision()
         rollouts = self.play(stage, v, timed)
         self._count_supervision(spent)
+        if cfg.save_rollouts and self.accelerator.is_main_process:
+            write_trees(self.out / "rollouts" / f"v{v:05d}.jsonl.gz", [r.tree for r in rollouts])
         refuse_all_failed(rollouts, v)
         t_rollout = time.perf_counter() - t0
         adv, filtered, stats, grad_norm = self.train_on(stage, rollouts)
@@ -400,6 +403,7 @@ class Trainer:
             self.load(self.out / "checkpoint")
         elif not resume:
             shutil.rmtree(self.out / "checkpoint", ignore_errors=True)
+            shutil.rmtree(self.out / "rollouts", ignore_errors=True)
             (self.out / "metrics.csv").unlink(missing_ok=True)
         self.out.mkdir(parents=True, exist_ok=True)
         self._trim_metrics()
