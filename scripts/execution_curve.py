@@ -9,6 +9,7 @@ says ``false`` to failed children). Before (the start, once) and after (each see
 paired difference's 95% interval task by task
 (:func:`~sera_core.eval.aggregate.paired_change`); over seeds, mean ± ``1.96 * std / sqrt(n)``.
 
+Each seed's ``train/rollouts/`` keeps the trees every update trained on (``save_rollouts``).
 Each step is a ``sera`` command in its own process (its engine's memory goes with it) that
 resumes (``--resume``), and a finished step is skipped, so the script can be killed and
 started again at any point. ``--report`` only writes ``OUT/results.json``, ``OUT/table.md``
@@ -41,7 +42,8 @@ def run_seed(args, out: Path, seed: int, tasks: Path) -> None:
     """Train seed ``seed`` and evaluate its checkpoint (each step skipped when it is done)."""
     run = out / f"seed{seed}"
     train = ["train", "--config", CONFIG, "--set", "difficulties=[easy]", "--set", "schedule=execution:1",
-             "--set", f"seed={seed}", "--total-updates", str(args.updates), "--out", str(run / "train"), "--resume"]
+             "--set", f"seed={seed}", "--set", "save_rollouts=true",  # the trees each update trained on, to read
+             "--total-updates", str(args.updates), "--out", str(run / "train"), "--resume"]
     if args.max_craft_steps:
         train += ["--set", f"tasks={out / 'train_tasks.jsonl'}"]
     if args.start != "tiny":
