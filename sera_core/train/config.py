@@ -165,7 +165,7 @@ class TrainConfig:
     an agent's turn budget is :attr:`max_steps_per_agent`."""
     checkpoint_every: int = 10
     """A checkpoint every this many updates (and at the end)."""
-    save_rollouts: bool = False
+    save_rollouts: bool = field(default=False, metadata={"hashed_when_set": True})
     """Keep what each update trained on: its trees in ``out/rollouts/v{version:05d}.jsonl.gz``
     (:func:`~sera_core.agents.tree.read_trees` reads them; on TextCraft a few KB a tree,
     compressed). A resumed run rewrites the versions it redoes."""
