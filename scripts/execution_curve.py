@@ -136,17 +136,15 @@ def report(results: dict) -> str:
 
 
 def moved(results: dict) -> str:
-    """The tasks whose result changed in at least one seed, most often moved first: whether the
-    start solved each, and the seeds that flipped it. The same few tasks moving in most seeds is
-    the policy changing in one direction on them; a different handful in each seed is noise."""
-    flips: dict[str, list[int]] = {}
-    for r in results["runs"]:
-        for task in r["change"]["gained_tasks"] + r["change"]["lost_tasks"]:
-            flips.setdefault(task, []).append(r["seed"])
-    lost = {t for r in results["runs"] for t in r["change"]["lost_tasks"]}
+    """The tasks whose result changed in at least one seed, most often moved first
+    (:func:`~sera_core.eval.aggregate.task_moves`): whether the start solved each, and the seeds
+    that flipped it."""
+    from sera_core.eval.aggregate import task_moves
+
     lines = [f"| task | the start | changed in (of {len(results['runs'])} seeds) | seeds |", "|---|---|---|---|"]
-    for task, seeds in sorted(flips.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-        lines.append(f"| {task} | {'solved' if task in lost else 'failed'} | {len(seeds)} | {' '.join(map(str, seeds))} |")
+    for task, seeds in task_moves({r["seed"]: r["change"] for r in results["runs"]}).items():
+        start = "solved" if "lost" in seeds.values() else "failed"
+        lines.append(f"| {task} | {start} | {len(seeds)} | {' '.join(map(str, seeds))} |")
     return "\n".join(lines)
 
 

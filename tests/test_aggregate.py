@@ -17,6 +17,7 @@ from sera_core.eval.aggregate import (
     paired_change,
     success_rates,
     summarize_runs,
+    task_moves,
     weighted_average,
 )
 
@@ -163,3 +164,14 @@ def test_paired_change_counts_the_same_tasks_and_its_interval_by_hand():
     assert out["difference"]["rate"] == pytest.approx(1 / 6) and out["difference"]["ci"] == pytest.approx(1.96 * sd / math.sqrt(6))
     with pytest.raises(ValueError, match="same tasks"):
         paired_change(before, after[:5])
+
+
+def test_task_moves_reads_each_runs_flips_across_runs_most_often_moved_first():
+    before = [{"task_id": f"t{i}", "success": i < 2, "error": None} for i in range(4)]  # t0, t1 solved
+
+    def after(solved):
+        return [{"task_id": f"t{i}", "success": i in solved, "error": None} for i in range(4)]
+
+    changes = {0: paired_change(before, after({0, 2, 3})), 1: paired_change(before, after({0, 1, 3}))}
+    assert task_moves(changes) == {"t3": {0: "gained", 1: "gained"}, "t1": {0: "lost"}, "t2": {0: "gained"}}
+    assert list(task_moves(changes)) == ["t3", "t1", "t2"]  # twice, then once by task id

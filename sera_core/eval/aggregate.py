@@ -225,3 +225,17 @@ def paired_change(before: Iterable[Mapping[str, Any]], after: Iterable[Mapping[s
             "difference": {"rate": d, "ci": 1.96 * sd / math.sqrt(n)},
             "gained": sum(x > 0 for x in diffs), "lost": sum(x < 0 for x in diffs),
             "gained_tasks": [t for t in sorted(a) if a[t] > b[t]], "lost_tasks": [t for t in sorted(a) if a[t] < b[t]]}
+
+
+def task_moves(changes: Mapping[Any, Mapping[str, Any]]) -> dict[str, dict[Any, str]]:
+    """Which tasks each run's :func:`paired_change` flipped, read across runs:
+    ``{task: {run: "gained" | "lost"}}`` for every task flipped in at least one run (runs in
+    the order of ``changes``), the most often flipped first, ties by task id. The same few
+    tasks in most runs is training moving the policy one way on them; a different handful in
+    each run is noise."""
+    out: dict[str, dict[Any, str]] = {}
+    for run, change in changes.items():
+        for word in ("gained", "lost"):
+            for task in change[f"{word}_tasks"]:
+                out.setdefault(task, {})[run] = word
+    return dict(sorted(out.items(), key=lambda kv: (-len(kv[1]), kv[0])))
