@@ -17,6 +17,15 @@ and ``OUT/execution_curve.png`` (``--figures DIR`` copies the figure and the res
 ``execution_curve.{png,json}``). ``--before DIR`` reuses a finished "before" of the same start and
 tasks (another OUT's ``before/``, checked against its ``plan.json``) instead of measuring it again.
 
+``--select-every N`` keeps the best checkpoint instead of the last (early stopping on the
+training distribution, never on the val tasks): training stops every ``N`` updates (and at the
+last); each stop's checkpoint is copied to ``seedS/vNNN/`` and measured at temperature 0 on
+``--select-tasks`` *train* tasks (``OUT/select_tasks.jsonl``, spread evenly over the training
+tasks), as is the start once (``OUT/select_start/``). The "after" evaluates the candidate that
+solved the most of them, the start included, a tie going to the later one (more training at the
+same held-in success); :func:`best_version`. A run that is resumed trains on where it stopped:
+the trainer's constant step makes ``--total-updates 4`` then ``8`` the same run as ``8`` at once.
+
 ``nohup .venv/bin/python scripts/execution_curve.py --out runs/curve2 --start runs/rubric_curve_label5/rubric_scorer_label_seed0 > runs/curve2.log 2>&1 &``
 """
 
@@ -38,26 +47,90 @@ def sera(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "sera_core", *args], check=True)
 
 
+def stops(updates: int, every: int | None) -> list[int]:
+    """The versions at which training stops to keep and measure a checkpoint: every ``every``
+    updates and the last (only the last when ``every`` is None or 0)."""
+    return sorted({*range(every, updates, every), updates}) if every else [updates]
+
+
+def best_version(solved: dict[int, int]) -> int:
+    """The candidate (a version; 0 is the start) with the most held-in tasks solved, a tie going
+    to the later version."""
+    return max(solved, key=lambda version: (solved[version], version))
+
+
+def held_in(folder: Path) -> int:
+    """The tasks a finished evaluation ``folder`` solved (a row with an error is a failure)."""
+    from sera_core.eval.aggregate import succeeded
+    from sera_core.utils.jsonio import read_jsonl
+
+    return sum(map(succeeded, read_jsonl(folder / "seed0.jsonl")))
+
+
+def selection(out: Path, seed: int, versions: list[int]) -> dict[int, int]:
+    """Held-in tasks solved by the start (version 0) and by each of seed ``seed``'s kept
+    checkpoints measured so far."""
+    run = out / f"seed{seed}"
+    found = {0: out / "select_start"} | {v: run / "select" / f"v{v:03d}" for v in versions}
+    return {v: held_in(folder) for v, folder in found.items() if (folder / "summary.json").exists()}
+
+
+def keep_checkpoint(run: Path, version: int) -> Path:
+    """Copy ``run/train/checkpoint`` (which must be at ``version``) to ``run/vNNN/checkpoint``
+    (whole, then renamed, so an interruption leaves no partial copy); the run folder kept."""
+    from sera_core.policy.checkpoints import read_checkpoint
+
+    kept = run / f"v{version:03d}"
+    if (kept / "checkpoint" / "state.json").exists():
+        return kept
+    found = read_checkpoint(run / "train" / "checkpoint")["version"]
+    if found != version:
+        raise SystemExit(f"{run / 'train'} is at update {found}, not {version}: its checkpoint {version} was not kept")
+    shutil.rmtree(kept / "partial", ignore_errors=True)
+    shutil.copytree(run / "train" / "checkpoint", kept / "partial")
+    (kept / "partial").rename(kept / "checkpoint")
+    return kept
+
+
+def trained_to(run: Path) -> int:
+    """The version of ``run/train``'s checkpoint (0 when none is written yet)."""
+    state = run / "train" / "checkpoint" / "state.json"
+    return json.loads(state.read_text())["version"] if state.exists() else 0
+
+
 def run_seed(args, out: Path, seed: int, tasks: Path) -> None:
-    """Train seed ``seed`` and evaluate its checkpoint (each step skipped when it is done)."""
+    """Train seed ``seed`` and evaluate its checkpoint (each step skipped when it is done); with
+    ``--select-every``, stop at each of :func:`stops`, keep and measure the checkpoint held-in,
+    and evaluate the best (:func:`best_version`)."""
     run = out / f"seed{seed}"
     train = ["train", "--config", CONFIG, "--set", "difficulties=[easy]", "--set", "schedule=execution:1",
              "--set", f"seed={seed}", "--set", "save_rollouts=true",  # the trees each update trained on, to read
-             "--total-updates", str(args.updates), "--out", str(run / "train"), "--resume"]
+             "--out", str(run / "train"), "--resume"]
     if args.max_craft_steps:
         train += ["--set", f"tasks={out / 'train_tasks.jsonl'}"]
     if args.start != "tiny":
         train += ["--set", f"init_from={args.start}"]
     for key_value in args.set:
         train += ["--set", key_value]
-    sera(*train)
+    versions = stops(args.updates, args.select_every)
+    policy = f"vllm:{run / 'train'}"
     label = f"execution curve, seed {seed}, after {args.updates} updates"
+    for version in versions:
+        if trained_to(run) < version:
+            sera(*train, "--total-updates", str(version))
+        if args.select_every:
+            kept = keep_checkpoint(run, version)
+            sera("eval", "--tasks", str(out / "select_tasks.jsonl"), "--policy", f"vllm:{kept}", "--out",
+                 str(run / "select" / f"v{version:03d}"), "--resume", "--label", f"held-in, seed {seed}, update {version}")
+    if args.select_every:
+        best = best_version(selection(out, seed, versions))
+        policy = f"vllm:{args.start}" if best == 0 else f"vllm:{run / f'v{best:03d}'}"
+        label = f"execution curve, seed {seed}, update {best} of {args.updates} (the best held-in)"
     summary = run / "after" / "summary.json"
     if summary.exists() and json.loads(summary.read_text()).get("label") != label:  # a run since continued
         raise SystemExit(f"{summary} is not the evaluation {label!r}: move {run / 'after'} away to evaluate again")
     if not summary.exists():
-        sera("eval", "--tasks", str(tasks), "--policy", f"vllm:{run / 'train'}", "--out", str(run / "after"), "--resume",
-             "--label", label)
+        sera("eval", "--tasks", str(tasks), "--policy", policy, "--out", str(run / "after"), "--resume", "--label", label)
 
 
 def reuse_before(source: Path, out: Path, policy: str, tasks: Path) -> None:
@@ -81,18 +154,29 @@ def reuse_before(source: Path, out: Path, policy: str, tasks: Path) -> None:
     shutil.copytree(source, out / "before")
 
 
-def write_train_tasks(path: Path, max_craft_steps: int) -> None:
-    """The easy *train* tasks of at most ``max_craft_steps`` crafts (a curriculum at the policy's
-    frontier: at temperature 0 it solves 3-craft easy tasks and none of 5 or more), as a task file."""
+def train_tasks(max_craft_steps: int | None) -> list[dict]:
+    """The easy *train* tasks, of at most ``max_craft_steps`` crafts when given (a curriculum at
+    the policy's frontier: at temperature 0 it solves 3-craft easy tasks and none of 5 or more)."""
     from sera_core.envs.textcraft.tasks import generate_split
+
+    return [t for t in generate_split("train") if t["misc"]["difficulty"] == "easy"
+            and (max_craft_steps is None or t["misc"]["num_craft_steps"] <= max_craft_steps)]
+
+
+def write_select_tasks(path: Path, train_tasks: list[dict], count: int) -> None:
+    """``count`` of the training tasks, spread evenly over them (``tasks[i * n // count]``), as the
+    held-in task file of ``--select-every``."""
     from sera_core.utils.jsonio import write_jsonl
 
-    write_jsonl(path, [t for t in generate_split("train")
-                       if t["misc"]["difficulty"] == "easy" and t["misc"]["num_craft_steps"] <= max_craft_steps])
+    if not 0 < count <= len(train_tasks):
+        raise SystemExit(f"--select-tasks must be between 1 and the {len(train_tasks)} training tasks")
+    write_jsonl(path, [train_tasks[i * len(train_tasks) // count] for i in range(count)])
 
 
-def collect(out: Path, seeds: list[int]) -> dict:
-    """The paired before/after of every finished seed and its training rows (``metrics.csv``)."""
+def collect(out: Path, seeds: list[int], versions: list[int] = ()) -> dict:
+    """The paired before/after of every finished seed and its training rows (``metrics.csv``);
+    with ``versions`` (``--select-every``'s :func:`stops`), also the held-in tasks each candidate
+    solved (:func:`selection`, 0 the start) and the version kept."""
     from sera_core.eval.aggregate import paired_change
     from sera_core.utils.jsonio import read_jsonl
 
@@ -108,7 +192,11 @@ def collect(out: Path, seeds: list[int]) -> dict:
             metrics = list(csv.DictReader(f))
         runs.append({"seed": seed, "change": paired_change(before, read_jsonl(run / "after" / "seed0.jsonl")),
                      "updates": [{k: row[k] for k in keep if k in row} for row in metrics]})
-    return {"tasks": len(before), "runs": runs}
+        if versions:
+            solved = selection(out, seed, versions)
+            runs[-1] |= {"held_in": solved, "kept": best_version(solved)}
+    selected = {"select_tasks": sum(1 for _ in read_jsonl(out / "select_tasks.jsonl"))} if versions else {}
+    return {"tasks": len(before), "runs": runs} | selected
 
 
 def interval(values: list[float]) -> str:
@@ -132,6 +220,20 @@ def report(results: dict) -> str:
         lines.append(f"| mean over {len(results['runs'])} seeds | | | "
                      f"{interval([r['change']['difference']['rate'] for r in results['runs']])} | | | |")
         lines += ["", moved(results)]
+    selected = [r for r in results["runs"] if "held_in" in r]
+    if selected:
+        lines += ["", held_in_table(selected, results["select_tasks"])]
+    return "\n".join(lines)
+
+
+def held_in_table(runs: list[dict], count: int) -> str:
+    """Each seed's held-in tasks solved by the start and by each kept checkpoint, and the one kept."""
+    versions = sorted({v for r in runs for v in r["held_in"]} - {0})
+    lines = [f"| seed | held-in solved of {count}: the start | " + " | ".join(f"update {v}" for v in versions) + " | kept |",
+             "|---" * (len(versions) + 3) + "|"]
+    for r in runs:
+        cells = [str(r["held_in"].get(v, "")) for v in versions]
+        lines.append(f"| {r['seed']} | {r['held_in'][0]} | " + " | ".join(cells) + f" | update {r['kept']} |")
     return "\n".join(lines)
 
 
@@ -162,6 +264,11 @@ def figure(results: dict, path: Path) -> None:
         ups = r["updates"]
         axes[0].plot([int(u["version"]) + 1 for u in ups], [float(u["root_success"] or 0) for u in ups], "o-",
                      color=f"C{k}", label=f"seed {r['seed']}")
+        if "held_in" in r:  # the kept checkpoints' held-in success at T=0, the one kept filled
+            versions = sorted(r["held_in"])
+            axes[0].plot(versions, [r["held_in"][v] / results["select_tasks"] for v in versions], "s--", color=f"C{k}",
+                         mfc="none", label=f"seed {r['seed']}: held-in (T=0), kept update {r['kept']}")
+            axes[0].plot([r["kept"]], [r["held_in"][r["kept"]] / results["select_tasks"]], "s", color=f"C{k}", ms=9)
         d = r["change"]["difference"]
         axes[1].errorbar([k], [d["rate"]], yerr=[d["ci"]], fmt="o", color=f"C{k}", capsize=4)
     labels = [f"seed {r['seed']}\n{r['change']['before']['rate']:.0%} -> {r['change']['after']['rate']:.0%}" for r in runs]
@@ -192,25 +299,37 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="another training config override")
     parser.add_argument("--out", default="runs/execution_curve")
     parser.add_argument("--before", default=None, help="reuse this finished evaluation of the start (another OUT's before/)")
+    parser.add_argument("--select-every", type=int, default=None, metavar="N",
+                        help="keep a checkpoint every N updates and evaluate the best held-in one (default: the last)")
+    parser.add_argument("--select-tasks", type=int, default=16, help="training tasks of the held-in measure")
     parser.add_argument("--report", action="store_true", help="only write the table and figure from what is done")
     parser.add_argument("--figures", default=None, help="also copy the figure and results into this folder")
     args = parser.parse_args()
+    if args.select_every is not None and not 0 < args.select_every <= args.updates:
+        parser.error(f"--select-every must be between 1 and --updates ({args.updates})")
     out = Path(args.out)
     tasks = out / "easy_val.jsonl"
     if not args.report:
+        from sera_core.utils.jsonio import write_jsonl
+
         if not tasks.exists():
             sera("tasks", "--split", "val", "--difficulty", "easy", "--limit", str(args.tasks), "--out", str(tasks))
         if args.max_craft_steps and not (out / "train_tasks.jsonl").exists():
-            write_train_tasks(out / "train_tasks.jsonl", args.max_craft_steps)
+            write_jsonl(out / "train_tasks.jsonl", train_tasks(args.max_craft_steps))
         start = f"vllm:{args.start}"
         if args.before and not (out / "before").exists():
             reuse_before(Path(args.before), out, start, tasks)
         if not (out / "before" / "summary.json").exists():
             sera("eval", "--tasks", str(tasks), "--policy", start, "--out", str(out / "before"), "--resume",
                  "--label", f"execution curve, before ({args.start})")
+        if args.select_every:
+            if not (out / "select_tasks.jsonl").exists():
+                write_select_tasks(out / "select_tasks.jsonl", train_tasks(args.max_craft_steps), args.select_tasks)
+            sera("eval", "--tasks", str(out / "select_tasks.jsonl"), "--policy", start, "--out", str(out / "select_start"),
+                 "--resume", "--label", f"held-in, the start ({args.start})")
         for seed in args.seeds:
             run_seed(args, out, seed, tasks)
-    results = collect(out, args.seeds) | {"args": vars(args)}
+    results = collect(out, args.seeds, stops(args.updates, args.select_every) if args.select_every else []) | {"args": vars(args)}
     table = report(results)
     (out / "table.md").write_text(table + "\n")
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")

@@ -7,7 +7,11 @@ from __future__ import annotations
 import csv
 import json
 import runpy
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 SCRIPT = runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "execution_curve.py"))
 
@@ -59,8 +63,6 @@ def test_each_finished_seed_is_paired_task_by_task_with_the_start(tmp_path):
 def test_a_before_of_the_same_start_tasks_and_settings_is_reused_and_any_other_is_refused(tmp_path):
     from dataclasses import replace
 
-    import pytest
-
     from sera_core.eval.evaluator import EvalConfig, eval_plan
 
     tasks = tmp_path / "easy_val.jsonl"
@@ -83,3 +85,69 @@ def test_a_before_of_the_same_start_tasks_and_settings_is_reused_and_any_other_i
     (tmp_path / "out").mkdir()
     SCRIPT["reuse_before"](tmp_path / "good", tmp_path / "out", "vllm:runs/start", tasks)
     assert SCRIPT["collect"](tmp_path / "out", [0]) == {"tasks": 3, "runs": []}
+
+
+def write_checkpoint(folder: Path, version: int) -> None:
+    """A checkpoint folder as the trainer writes it: ``state.json`` naming its files by sha256."""
+    from sera_core.utils.folders import sha256_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.safetensors").write_bytes(f"weights of update {version}".encode())
+    (folder / "state.json").write_text(json.dumps({
+        "version": version, "files": {"model.safetensors": sha256_file(folder / "model.safetensors")},
+        "config": {"model": "tiny"}, "counters": {}}))
+
+
+def test_held_in_selection_stops_keeps_each_checkpoint_and_picks_the_best_latest_on_a_tie(tmp_path):
+    assert SCRIPT["stops"](16, 4) == [4, 8, 12, 16] and SCRIPT["stops"](10, 4) == [4, 8, 10]
+    assert SCRIPT["stops"](16, None) == [16] == SCRIPT["stops"](16, 16)
+    assert SCRIPT["best_version"]({0: 5, 4: 7, 8: 7, 12: 3, 16: 6}) == 8  # 7 twice: the later of the two
+    assert SCRIPT["best_version"]({0: 5, 4: 2, 8: 4}) == 0  # no checkpoint beat the start: keep the start
+    run = tmp_path / "seed0"
+    write_checkpoint(run / "train" / "checkpoint", 4)
+    kept = SCRIPT["keep_checkpoint"](run, 4)
+    assert kept == run / "v004" and (kept / "checkpoint" / "model.safetensors").read_bytes() == b"weights of update 4"
+    assert not (kept / "partial").exists()
+    write_checkpoint(run / "train" / "checkpoint", 8)  # the run trained on; the copy of update 4 stays as it was
+    assert SCRIPT["keep_checkpoint"](run, 4) == kept
+    assert (kept / "checkpoint" / "model.safetensors").read_bytes() == b"weights of update 4"
+    with pytest.raises(SystemExit, match="at update 8, not 12"):  # update 12's checkpoint was never written
+        SCRIPT["keep_checkpoint"](run, 12)
+    assert not (run / "v012").exists()
+    assert SCRIPT["trained_to"](run) == 8 and SCRIPT["trained_to"](tmp_path / "seed9") == 0
+
+
+def test_the_held_in_measures_are_tabled_with_the_checkpoint_kept(tmp_path):
+    write_eval(tmp_path / "before", [True, False, False, False])
+    (tmp_path / "select_tasks.jsonl").write_text("".join(json.dumps({"id": f"train.{i}"}) + "\n" for i in range(4)))
+    write_eval(tmp_path / "select_start", [True, True, False, False])  # the start: 2 of 4
+    for seed, solved in [(0, {4: [True, True, True, False], 8: [True, False, False, False]}),  # update 4: 3
+                         (1, {4: [False, False, False, False], 8: [True, True, False, False]})]:  # none beats the start
+        for version, outcomes in solved.items():
+            write_eval(tmp_path / f"seed{seed}" / "select" / f"v{version:03d}", outcomes)
+        write_eval(tmp_path / f"seed{seed}" / "after", [True, True, False, False])
+        write_metrics(tmp_path / f"seed{seed}" / "train", 8)
+    results = SCRIPT["collect"](tmp_path, [0, 1], [4, 8])
+    assert [(r["held_in"], r["kept"]) for r in results["runs"]] == [({0: 2, 4: 3, 8: 1}, 4), ({0: 2, 4: 0, 8: 2}, 8)]
+    assert results["select_tasks"] == 4
+    table = SCRIPT["report"](results)
+    assert "| seed | held-in solved of 4: the start | update 4 | update 8 | kept |" in table
+    assert "| 0 | 2 | 3 | 1 | update 4 |" in table and "| 1 | 2 | 0 | 2 | update 8 |" in table
+    assert "held_in" not in SCRIPT["collect"](tmp_path, [0], [])["runs"][0]  # without selection: no held-in columns
+    SCRIPT["figure"](results, tmp_path / "curve.png")
+    assert (tmp_path / "curve.png").stat().st_size > 10_000
+
+
+def test_a_bad_selection_setting_fails_before_any_work(tmp_path):
+    script = Path(__file__).resolve().parents[1] / "scripts" / "execution_curve.py"
+    for bad in (["--select-every", "0"], ["--select-every", "17"]):
+        done = subprocess.run([sys.executable, str(script), "--updates", "16", "--out", str(tmp_path / "out"), *bad],
+                              capture_output=True, text=True)
+        assert done.returncode == 2 and "--select-every must be between 1 and --updates (16)" in done.stderr
+    assert not (tmp_path / "out").exists()
+    tasks = [{"id": f"train.{i}"} for i in range(10)]
+    SCRIPT["write_select_tasks"](tmp_path / "held_in.jsonl", tasks, 4)
+    assert [json.loads(line)["id"] for line in (tmp_path / "held_in.jsonl").open()] == [
+        "train.0", "train.2", "train.5", "train.7"]  # i * 10 // 4
+    with pytest.raises(SystemExit, match="between 1 and the 10 training tasks"):
+        SCRIPT["write_select_tasks"](tmp_path / "more.jsonl", tasks, 11)
