@@ -119,9 +119,10 @@ def run_seed(args, out: Path, seed: int, tasks: Path) -> None:
         if trained_to(run) < version:
             sera(*train, "--total-updates", str(version))
         if args.select_every:
-            kept = keep_checkpoint(run, version)
-            sera("eval", "--tasks", str(out / "select_tasks.jsonl"), "--policy", f"vllm:{kept}", "--out",
-                 str(run / "select" / f"v{version:03d}"), "--resume", "--label", f"held-in, seed {seed}, update {version}")
+            kept, measured = keep_checkpoint(run, version), run / "select" / f"v{version:03d}"
+            if not (measured / "summary.json").exists():
+                sera("eval", "--tasks", str(out / "select_tasks.jsonl"), "--policy", f"vllm:{kept}", "--out",
+                     str(measured), "--resume", "--label", f"held-in, seed {seed}, update {version}")
     if args.select_every:
         best = best_version(selection(out, seed, versions))
         policy = f"vllm:{args.start}" if best == 0 else f"vllm:{run / f'v{best:03d}'}"
@@ -163,14 +164,14 @@ def train_tasks(max_craft_steps: int | None) -> list[dict]:
             and (max_craft_steps is None or t["misc"]["num_craft_steps"] <= max_craft_steps)]
 
 
-def write_select_tasks(path: Path, train_tasks: list[dict], count: int) -> None:
-    """``count`` of the training tasks, spread evenly over them (``tasks[i * n // count]``), as the
-    held-in task file of ``--select-every``."""
+def write_select_tasks(path: Path, tasks: list[dict], count: int) -> None:
+    """``count`` of the training ``tasks``, spread evenly over them (``tasks[i * n // count]``), as
+    the held-in task file of ``--select-every``."""
     from sera_core.utils.jsonio import write_jsonl
 
-    if not 0 < count <= len(train_tasks):
-        raise SystemExit(f"--select-tasks must be between 1 and the {len(train_tasks)} training tasks")
-    write_jsonl(path, [train_tasks[i * len(train_tasks) // count] for i in range(count)])
+    if not 0 < count <= len(tasks):
+        raise SystemExit(f"--select-tasks must be between 1 and the {len(tasks)} training tasks")
+    write_jsonl(path, [tasks[i * len(tasks) // count] for i in range(count)])
 
 
 def collect(out: Path, seeds: list[int], versions: list[int] = ()) -> dict:
@@ -325,8 +326,9 @@ def main() -> None:
         if args.select_every:
             if not (out / "select_tasks.jsonl").exists():
                 write_select_tasks(out / "select_tasks.jsonl", train_tasks(args.max_craft_steps), args.select_tasks)
-            sera("eval", "--tasks", str(out / "select_tasks.jsonl"), "--policy", start, "--out", str(out / "select_start"),
-                 "--resume", "--label", f"held-in, the start ({args.start})")
+            if not (out / "select_start" / "summary.json").exists():
+                sera("eval", "--tasks", str(out / "select_tasks.jsonl"), "--policy", start, "--out",
+                     str(out / "select_start"), "--resume", "--label", f"held-in, the start ({args.start})")
         for seed in args.seeds:
             run_seed(args, out, seed, tasks)
     results = collect(out, args.seeds, stops(args.updates, args.select_every) if args.select_every else []) | {"args": vars(args)}
