@@ -279,7 +279,9 @@ def figure(results: dict, path: Path) -> None:
         labels.append(f"mean of {len(runs)}")
     axes[1].axhline(0, color="grey", lw=0.8)
     axes[1].axhline(0.10, color="grey", lw=0.8, ls="--", label="target +0.10")
-    axes[0].set(xlabel="update", ylabel="root success of the update's trees (T=1)", title=f"training trees ({runs[0]['updates'][0].get('trees', '?')} an update)")
+    held = any("held_in" in r for r in runs)
+    axes[0].set(xlabel="update", ylabel="root success of the update's trees (T=1)" + (", held-in (T=0)" if held else ""),
+                title=f"training trees ({runs[0]['updates'][0].get('trees', '?')} an update)")
     axes[0].legend(fontsize=8)
     axes[1].set(xticks=range(len(labels)), xticklabels=labels, xlim=(-0.5, len(labels) - 0.5),
                 ylabel=f"after - before, {results['tasks']} easy val tasks (T=0)", title="paired change, 95% intervals")
