@@ -112,6 +112,8 @@ def run_seed(args, out: Path, seed: int, tasks: Path) -> None:
         train += ["--set", f"init_from={args.start}"]
     for key_value in args.set:
         train += ["--set", key_value]
+    if trained_to(run) > args.updates:
+        raise SystemExit(f"{run / 'train'} has trained {trained_to(run)} updates, more than --updates {args.updates}")
     versions = stops(args.updates, args.select_every)
     policy = f"vllm:{run / 'train'}"
     label = f"execution curve, seed {seed}, after {args.updates} updates"

@@ -4,6 +4,7 @@ docs/measurements.md)."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import runpy
@@ -115,6 +116,9 @@ def test_held_in_selection_stops_keeps_each_checkpoint_and_picks_the_best_latest
         SCRIPT["keep_checkpoint"](run, 12)
     assert not (run / "v012").exists()
     assert SCRIPT["trained_to"](run) == 8 and SCRIPT["trained_to"](tmp_path / "seed9") == 0
+    args = argparse.Namespace(updates=4, select_every=None, max_craft_steps=None, start="tiny", set=[])
+    with pytest.raises(SystemExit, match="has trained 8 updates, more than --updates 4"):  # before any command runs
+        SCRIPT["run_seed"](args, tmp_path, 0, tmp_path / "easy_val.jsonl")
 
 
 def test_the_held_in_measures_are_tabled_with_the_checkpoint_kept(tmp_path):
