@@ -67,11 +67,21 @@ def held_in(folder: Path) -> int:
     return sum(map(succeeded, read_jsonl(folder / "seed0.jsonl")))
 
 
+def kept_run(run: Path, version: int) -> Path:
+    """The run folder that keeps seed run ``run``'s checkpoint of update ``version``."""
+    return run / f"v{version:03d}"
+
+
+def held_in_eval(run: Path, version: int) -> Path:
+    """The held-in evaluation of seed run ``run``'s checkpoint of update ``version``."""
+    return run / "select" / f"v{version:03d}"
+
+
 def selection(out: Path, seed: int, versions: list[int]) -> dict[int, int]:
     """Held-in tasks solved by the start (version 0) and by each of seed ``seed``'s kept
     checkpoints measured so far."""
     run = out / f"seed{seed}"
-    found = {0: out / "select_start"} | {v: run / "select" / f"v{v:03d}" for v in versions}
+    found = {0: out / "select_start"} | {v: held_in_eval(run, v) for v in versions}
     return {v: held_in(folder) for v, folder in found.items() if (folder / "summary.json").exists()}
 
 
@@ -80,7 +90,7 @@ def keep_checkpoint(run: Path, version: int) -> Path:
     (whole, then renamed, so an interruption leaves no partial copy); the run folder kept."""
     from sera_core.policy.checkpoints import read_checkpoint
 
-    kept = run / f"v{version:03d}"
+    kept = kept_run(run, version)
     if (kept / "checkpoint" / "state.json").exists():
         return kept
     found = read_checkpoint(run / "train" / "checkpoint")["version"]
@@ -112,8 +122,8 @@ def run_seed(args, out: Path, seed: int, tasks: Path) -> None:
         train += ["--set", f"init_from={args.start}"]
     for key_value in args.set:
         train += ["--set", key_value]
-    if trained_to(run) > args.updates:
-        raise SystemExit(f"{run / 'train'} has trained {trained_to(run)} updates, more than --updates {args.updates}")
+    if (done := trained_to(run)) > args.updates:
+        raise SystemExit(f"{run / 'train'} has trained {done} updates, more than --updates {args.updates}")
     versions = stops(args.updates, args.select_every)
     policy = f"vllm:{run / 'train'}"
     label = f"execution curve, seed {seed}, after {args.updates} updates"
@@ -121,13 +131,13 @@ def run_seed(args, out: Path, seed: int, tasks: Path) -> None:
         if trained_to(run) < version:
             sera(*train, "--total-updates", str(version))
         if args.select_every:
-            kept, measured = keep_checkpoint(run, version), run / "select" / f"v{version:03d}"
+            kept, measured = keep_checkpoint(run, version), held_in_eval(run, version)
             if not (measured / "summary.json").exists():
                 sera("eval", "--tasks", str(out / "select_tasks.jsonl"), "--policy", f"vllm:{kept}", "--out",
                      str(measured), "--resume", "--label", f"held-in, seed {seed}, update {version}")
     if args.select_every:
         best = best_version(selection(out, seed, versions))
-        policy = f"vllm:{args.start}" if best == 0 else f"vllm:{run / f'v{best:03d}'}"
+        policy = f"vllm:{args.start}" if best == 0 else f"vllm:{kept_run(run, best)}"
         label = f"execution curve, seed {seed}, update {best} of {args.updates} (the best held-in)"
     summary = run / "after" / "summary.json"
     if summary.exists() and json.loads(summary.read_text()).get("label") != label:  # a run since continued
