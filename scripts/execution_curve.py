@@ -8,6 +8,10 @@ says ``false`` to failed children). Before (the start, once) and after (each see
 ``sera eval`` root success at temperature 0 on the first ``--tasks`` easy *val* tasks, with the
 paired difference's 95% interval task by task
 (:func:`~sera_core.eval.aggregate.paired_change`); over seeds, mean ± ``1.96 * std / sqrt(n)``.
+``--max-craft-steps N`` trains on the easy train tasks of at most ``N`` crafts only (a
+curriculum), and ``--val-max-craft-steps N`` measures on the easy val tasks of at most ``N``
+crafts (the held-out tasks of that distribution); an ``OUT`` whose task files were written
+with other options is refused before any work.
 
 Each seed's ``train/rollouts/`` keeps the trees every update trained on (``save_rollouts``).
 Each step is a ``sera`` command in its own process (its engine's memory goes with it) that
@@ -167,13 +171,25 @@ def reuse_before(source: Path, out: Path, policy: str, tasks: Path) -> None:
     shutil.copytree(source, out / "before")
 
 
-def train_tasks(max_craft_steps: int | None) -> list[dict]:
-    """The easy *train* tasks, of at most ``max_craft_steps`` crafts when given (a curriculum at
-    the policy's frontier: at temperature 0 it solves 3-craft easy tasks and none of 5 or more)."""
+def easy_tasks(split: str, max_craft_steps: int | None) -> list[dict]:
+    """The easy tasks of ``split`` in file order, of at most ``max_craft_steps`` crafts when given
+    (train: a curriculum at the policy's frontier, where at temperature 0 it solves 3-craft easy
+    tasks and none of 5 or more; val: the held-out tasks of that same distribution)."""
     from sera_core.envs.textcraft.tasks import generate_split
 
-    return [t for t in generate_split("train") if t["misc"]["difficulty"] == "easy"
+    return [t for t in generate_split(split) if t["misc"]["difficulty"] == "easy"
             and (max_craft_steps is None or t["misc"]["num_craft_steps"] <= max_craft_steps)]
+
+
+def write_tasks(path: Path, tasks: list[dict], what: str) -> None:
+    """Write ``tasks`` to ``path``, or check that the file already there holds the same task ids
+    (a rerun with other task options would otherwise mix two measures in one folder)."""
+    from sera_core.utils.jsonio import read_jsonl, write_jsonl
+
+    if not path.exists():
+        write_jsonl(path, tasks)
+    elif [t["id"] for t in read_jsonl(path)] != [t["id"] for t in tasks]:
+        raise SystemExit(f"{path} holds other {what} than these options select: use another --out")
 
 
 def write_select_tasks(path: Path, tasks: list[dict], count: int) -> None:
@@ -263,6 +279,12 @@ def moved(results: dict) -> str:
     return "\n".join(lines)
 
 
+def measured(results: dict) -> str:
+    """What the before and after are measured on, in words: ``50 easy val tasks`` (of at most N crafts)."""
+    crafts = results.get("args", {}).get("val_max_craft_steps")
+    return f"{results['tasks']} easy val tasks" + (f" of <= {crafts} crafts" if crafts else "")
+
+
 def figure(results: dict, path: Path) -> None:
     import matplotlib
 
@@ -296,7 +318,7 @@ def figure(results: dict, path: Path) -> None:
                 title=f"training trees ({runs[0]['updates'][0].get('trees', '?')} an update)")
     axes[0].legend(fontsize=8)
     axes[1].set(xticks=range(len(labels)), xticklabels=labels, xlim=(-0.5, len(labels) - 0.5),
-                ylabel=f"after - before, {results['tasks']} easy val tasks (T=0)", title="paired change, 95% intervals")
+                ylabel=f"after - before, {measured(results)} (T=0)", title="paired change, 95% intervals")
     axes[1].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -311,6 +333,8 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=50, help="easy val tasks measured before and after")
     parser.add_argument("--max-craft-steps", type=int, default=None,
                         help="train only on easy tasks of at most this many crafts (default: every easy train task)")
+    parser.add_argument("--val-max-craft-steps", type=int, default=None,
+                        help="measure on the easy val tasks of at most this many crafts (default: every easy val task)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="another training config override")
     parser.add_argument("--out", default="runs/execution_curve")
     parser.add_argument("--before", default=None, help="reuse this finished evaluation of the start (another OUT's before/)")
@@ -325,12 +349,12 @@ def main() -> None:
     out = Path(args.out)
     tasks = out / "easy_val.jsonl"
     if not args.report:
-        from sera_core.utils.jsonio import write_jsonl
-
-        if not tasks.exists():
-            sera("tasks", "--split", "val", "--difficulty", "easy", "--limit", str(args.tasks), "--out", str(tasks))
-        if args.max_craft_steps and not (out / "train_tasks.jsonl").exists():
-            write_jsonl(out / "train_tasks.jsonl", train_tasks(args.max_craft_steps))
+        val = easy_tasks("val", args.val_max_craft_steps)
+        if len(val) < args.tasks:
+            raise SystemExit(f"--tasks {args.tasks}: the val split has {len(val)} easy tasks of these crafts")
+        write_tasks(tasks, val[:args.tasks], "val tasks")
+        if args.max_craft_steps:
+            write_tasks(out / "train_tasks.jsonl", easy_tasks("train", args.max_craft_steps), "training tasks")
         start = f"vllm:{args.start}"
         if args.before and not (out / "before").exists():
             reuse_before(Path(args.before), out, start, tasks)
@@ -339,7 +363,7 @@ def main() -> None:
                  "--label", f"execution curve, before ({args.start})")
         if args.select_every:
             if not (out / "select_tasks.jsonl").exists():
-                write_select_tasks(out / "select_tasks.jsonl", train_tasks(args.max_craft_steps), args.select_tasks)
+                write_select_tasks(out / "select_tasks.jsonl", easy_tasks("train", args.max_craft_steps), args.select_tasks)
             if not (out / "select_start" / "summary.json").exists():
                 sera("eval", "--tasks", str(out / "select_tasks.jsonl"), "--policy", start, "--out",
                      str(out / "select_start"), "--resume", "--label", f"held-in, the start ({args.start})")

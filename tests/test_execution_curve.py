@@ -155,3 +155,19 @@ def test_a_bad_selection_setting_fails_before_any_work(tmp_path):
         "train.0", "train.2", "train.5", "train.7"]  # i * 10 // 4
     with pytest.raises(SystemExit, match="between 1 and the 10 training tasks"):
         SCRIPT["write_select_tasks"](tmp_path / "more.jsonl", tasks, 11)
+
+
+def test_the_val_tasks_can_match_the_training_curriculum_and_a_folder_keeps_its_tasks(tmp_path):
+    every, matched = SCRIPT["easy_tasks"]("val", None), SCRIPT["easy_tasks"]("val", 3)
+    assert all(t["misc"]["difficulty"] == "easy" for t in every)
+    assert matched == [t for t in every if t["misc"]["num_craft_steps"] <= 3]  # file order kept
+    assert 50 <= len(matched) < len(every) and {t["misc"]["num_craft_steps"] for t in matched} == {2, 3}
+    assert SCRIPT["easy_tasks"]("train", 3)[0]["id"].startswith("textcraft_synth.train.")
+    path = tmp_path / "easy_val.jsonl"
+    SCRIPT["write_tasks"](path, matched[:50], "val tasks")
+    SCRIPT["write_tasks"](path, matched[:50], "val tasks")  # the same selection again: kept as it is
+    with pytest.raises(SystemExit, match="holds other val tasks than these options select"):
+        SCRIPT["write_tasks"](path, every[:50], "val tasks")
+    assert [json.loads(line)["id"] for line in path.open()] == [t["id"] for t in matched[:50]]
+    assert SCRIPT["measured"]({"tasks": 50, "args": {"val_max_craft_steps": 3}}) == "50 easy val tasks of <= 3 crafts"
+    assert SCRIPT["measured"]({"tasks": 50}) == "50 easy val tasks"
