@@ -18,8 +18,9 @@ Each step is a ``sera`` command in its own process (its engine's memory goes wit
 resumes (``--resume``), and a finished step is skipped, so the script can be killed and
 started again at any point. ``--report`` only writes ``OUT/results.json``, ``OUT/table.md``
 and ``OUT/execution_curve.png`` (``--figures DIR`` copies the figure and the results there as
-``execution_curve.{png,json}``). ``--before DIR`` reuses a finished "before" of the same start and
-tasks (another OUT's ``before/``, checked against its ``plan.json``) instead of measuring it again.
+``NAME.{png,json}``, ``--name`` execution_curve by default). ``--before DIR`` reuses a finished
+"before" of the same start and tasks (another OUT's ``before/``, checked against its
+``plan.json``) instead of measuring it again.
 
 ``--select-every N`` keeps the best checkpoint instead of the last (early stopping on the
 training distribution, never on the val tasks): training stops every ``N`` updates (and at the
@@ -343,6 +344,7 @@ def main() -> None:
     parser.add_argument("--select-tasks", type=int, default=16, help="training tasks of the held-in measure")
     parser.add_argument("--report", action="store_true", help="only write the table and figure from what is done")
     parser.add_argument("--figures", default=None, help="also copy the figure and results into this folder")
+    parser.add_argument("--name", default="execution_curve", help="the file name (no suffix) of the copies in --figures")
     args = parser.parse_args()
     if args.select_every is not None and not 0 < args.select_every <= args.updates:
         parser.error(f"--select-every must be between 1 and --updates ({args.updates})")
@@ -376,8 +378,8 @@ def main() -> None:
     if results["runs"]:
         figure(results, out / "execution_curve.png")
         if args.figures:
-            shutil.copy(out / "execution_curve.png", Path(args.figures) / "execution_curve.png")
-            shutil.copy(out / "results.json", Path(args.figures) / "execution_curve.json")
+            shutil.copy(out / "execution_curve.png", Path(args.figures) / f"{args.name}.png")
+            shutil.copy(out / "results.json", Path(args.figures) / f"{args.name}.json")
     print(table)
 
 

@@ -59,6 +59,13 @@ def test_each_finished_seed_is_paired_task_by_task_with_the_start(tmp_path):
     assert SCRIPT["moved"](results) in table
     SCRIPT["figure"](results, tmp_path / "curve.png")
     assert (tmp_path / "curve.png").stat().st_size > 10_000
+    (tmp_path / "figs").mkdir()  # --report writes the table and copies the figure and results under --name
+    script = Path(__file__).resolve().parents[1] / "scripts" / "execution_curve.py"
+    subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--seeds", "0", "1", "2", "--report",
+                    "--figures", str(tmp_path / "figs"), "--name", "curve_x"], check=True, capture_output=True)
+    assert (tmp_path / "table.md").read_text() == table + "\n"
+    assert json.loads((tmp_path / "figs" / "curve_x.json").read_text())["runs"][1]["seed"] == 1
+    assert (tmp_path / "figs" / "curve_x.png").stat().st_size > 10_000
 
 
 def test_a_before_of_the_same_start_tasks_and_settings_is_reused_and_any_other_is_refused(tmp_path):
