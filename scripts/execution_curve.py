@@ -28,8 +28,10 @@ last); each stop's checkpoint is copied to ``seedS/vNNN/`` and measured at tempe
 ``--select-tasks`` *train* tasks (``OUT/select_tasks.jsonl``, spread evenly over the training
 tasks), as is the start once (``OUT/select_start/``). The "after" evaluates the candidate that
 solved the most of them, the start included, a tie going to the later one (more training at the
-same held-in success); :func:`best_version`. A run that is resumed trains on where it stopped:
-the trainer's constant step makes ``--total-updates 4`` then ``8`` the same run as ``8`` at once.
+same held-in success); :func:`best_version`. ``--val-curve`` then also measures every kept
+checkpoint on the val tasks (``seedS/val/vNNN/``), a diagnostic of the choice that chooses
+nothing. A run that is resumed trains on where it stopped: the trainer's constant step makes
+``--total-updates 4`` then ``8`` the same run as ``8`` at once.
 
 ``nohup .venv/bin/python scripts/execution_curve.py --out runs/curve2 --start runs/rubric_curve_label5/rubric_scorer_label_seed0 > runs/curve2.log 2>&1 &``
 """
@@ -64,7 +66,7 @@ def best_version(solved: dict[int, int]) -> int:
     return max(solved, key=lambda version: (solved[version], version))
 
 
-def held_in(folder: Path) -> int:
+def count_solved(folder: Path) -> int:
     """The tasks a finished evaluation ``folder`` solved (a row with an error is a failure)."""
     from sera_core.eval.aggregate import succeeded
     from sera_core.utils.jsonio import read_jsonl
@@ -82,12 +84,29 @@ def held_in_eval(run: Path, version: int) -> Path:
     return run / "select" / f"v{version:03d}"
 
 
+def val_eval(run: Path, version: int) -> Path:
+    """The val evaluation of seed run ``run``'s kept checkpoint of update ``version`` (``--val-curve``)."""
+    return run / "val" / f"v{version:03d}"
+
+
+def measured_so_far(found: dict[int, Path]) -> dict[int, int]:
+    """The tasks solved in each finished evaluation of ``found`` (version -> folder)."""
+    return {v: count_solved(folder) for v, folder in found.items() if (folder / "summary.json").exists()}
+
+
 def selection(out: Path, seed: int, versions: list[int]) -> dict[int, int]:
     """Held-in tasks solved by the start (version 0) and by each of seed ``seed``'s kept
     checkpoints measured so far."""
     run = out / f"seed{seed}"
-    found = {0: out / "select_start"} | {v: held_in_eval(run, v) for v in versions}
-    return {v: held_in(folder) for v, folder in found.items() if (folder / "summary.json").exists()}
+    return measured_so_far({0: out / "select_start"} | {v: held_in_eval(run, v) for v in versions})
+
+
+def val_curve(out: Path, seed: int, versions: list[int], kept: int) -> dict[int, int]:
+    """Val tasks solved by the start (its "before", version 0), by each kept checkpoint that
+    ``--val-curve`` measured, and by the one kept (its "after": the same checkpoint on the same
+    tasks, not measured twice)."""
+    run = out / f"seed{seed}"
+    return measured_so_far({0: out / "before"} | {v: val_eval(run, v) for v in versions} | {kept: run / "after"})
 
 
 def keep_checkpoint(run: Path, version: int) -> Path:
@@ -149,6 +168,11 @@ def run_seed(args, out: Path, seed: int, tasks: Path) -> None:
         raise SystemExit(f"{summary} is not the evaluation {label!r}: move {run / 'after'} away to evaluate again")
     if not summary.exists():
         sera("eval", "--tasks", str(tasks), "--policy", policy, "--out", str(run / "after"), "--resume", "--label", label)
+    for version in versions if args.val_curve else ():  # a diagnostic after the choice: it chooses nothing
+        measured = val_eval(run, version)
+        if version != best and not (measured / "summary.json").exists():
+            sera("eval", "--tasks", str(tasks), "--policy", f"vllm:{kept_run(run, version)}", "--out", str(measured),
+                 "--resume", "--label", f"val curve, seed {seed}, update {version}")
 
 
 def reuse_before(source: Path, out: Path, policy: str, tasks: Path) -> None:
@@ -225,6 +249,8 @@ def collect(out: Path, seeds: list[int], versions: list[int] = ()) -> dict:
         if versions:
             solved = selection(out, seed, versions)
             runs[-1] |= {"held_in": solved, "kept": best_version(solved)}
+            if (run / "val").exists():
+                runs[-1]["val_curve"] = val_curve(out, seed, versions, runs[-1]["kept"])
     selected = {"select_tasks": sum(1 for _ in read_jsonl(out / "select_tasks.jsonl"))} if versions else {}
     return {"tasks": len(before), "runs": runs} | selected
 
@@ -252,18 +278,21 @@ def report(results: dict) -> str:
         lines += ["", moved(results)]
     selected = [r for r in results["runs"] if "held_in" in r]
     if selected:
-        lines += ["", held_in_table(selected, results["select_tasks"])]
+        lines += ["", version_table(selected, "held_in", f"held-in solved of {results['select_tasks']}")]
+    if curves := [r for r in results["runs"] if "val_curve" in r]:
+        lines += ["", version_table(curves, "val_curve", f"val solved of {results['tasks']} (chooses nothing)")]
     return "\n".join(lines)
 
 
-def held_in_table(runs: list[dict], count: int) -> str:
-    """Each seed's held-in tasks solved by the start and by each kept checkpoint, and the one kept."""
-    versions = sorted({v for r in runs for v in r["held_in"]} - {0})
-    lines = [f"| seed | held-in solved of {count}: the start | " + " | ".join(f"update {v}" for v in versions) + " | kept |",
+def version_table(runs: list[dict], key: str, title: str) -> str:
+    """Each seed's tasks solved (``run[key]``: version -> count) by the start and by each kept
+    checkpoint, and the one kept."""
+    versions = sorted({v for r in runs for v in r[key]} - {0})
+    lines = [f"| seed | {title}: the start | " + " | ".join(f"update {v}" for v in versions) + " | kept |",
              "|---" * (len(versions) + 3) + "|"]
     for r in runs:
-        cells = [str(r["held_in"].get(v, "")) for v in versions]
-        lines.append(f"| {r['seed']} | {r['held_in'][0]} | " + " | ".join(cells) + f" | update {r['kept']} |")
+        cells = [str(r[key].get(v, "")) for v in versions]
+        lines.append(f"| {r['seed']} | {r[key][0]} | " + " | ".join(cells) + f" | update {r['kept']} |")
     return "\n".join(lines)
 
 
@@ -305,6 +334,10 @@ def figure(results: dict, path: Path) -> None:
             axes[0].plot(versions, [r["held_in"][v] / results["select_tasks"] for v in versions], "s--", color=f"C{k}",
                          mfc="none", label=f"seed {r['seed']}: held-in (T=0), kept update {r['kept']}")
             axes[0].plot([r["kept"]], [r["held_in"][r["kept"]] / results["select_tasks"]], "s", color=f"C{k}", ms=9)
+        if "val_curve" in r:  # --val-curve: every kept checkpoint on the val tasks, a diagnostic
+            versions = sorted(r["val_curve"])
+            axes[0].plot(versions, [r["val_curve"][v] / results["tasks"] for v in versions], "^:", color=f"C{k}",
+                         label=f"seed {r['seed']}: val (T=0), chooses nothing")
         d = r["change"]["difference"]
         axes[1].errorbar([k], [d["rate"]], yerr=[d["ci"]], fmt="o", color=f"C{k}", capsize=4)
     labels = [f"seed {r['seed']}\n{r['change']['before']['rate']:.0%} -> {r['change']['after']['rate']:.0%}" for r in runs]
@@ -314,8 +347,9 @@ def figure(results: dict, path: Path) -> None:
         labels.append(f"mean of {len(runs)}")
     axes[1].axhline(0, color="grey", lw=0.8)
     axes[1].axhline(0.10, color="grey", lw=0.8, ls="--", label="target +0.10")
-    held = any("held_in" in r for r in runs)
-    axes[0].set(xlabel="update", ylabel="root success of the update's trees (T=1)" + (", held-in (T=0)" if held else ""),
+    held = (", held-in" + (", val" if any("val_curve" in r for r in runs) else "") + " (T=0)"
+            if any("held_in" in r for r in runs) else "")
+    axes[0].set(xlabel="update", ylabel="root success of the update's trees (T=1)" + held,
                 title=f"training trees ({runs[0]['updates'][0].get('trees', '?')} an update)")
     axes[0].legend(fontsize=8)
     axes[1].set(xticks=range(len(labels)), xticklabels=labels, xlim=(-0.5, len(labels) - 0.5),
@@ -342,12 +376,16 @@ def main() -> None:
     parser.add_argument("--select-every", type=int, default=None, metavar="N",
                         help="keep a checkpoint every N updates and evaluate the best held-in one (default: the last)")
     parser.add_argument("--select-tasks", type=int, default=16, help="training tasks of the held-in measure")
+    parser.add_argument("--val-curve", action="store_true",
+                        help="after the choice, also measure every kept checkpoint on the val tasks (a diagnostic)")
     parser.add_argument("--report", action="store_true", help="only write the table and figure from what is done")
     parser.add_argument("--figures", default=None, help="also copy the figure and results into this folder")
     parser.add_argument("--name", default="execution_curve", help="the file name (no suffix) of the copies in --figures")
     args = parser.parse_args()
     if args.select_every is not None and not 0 < args.select_every <= args.updates:
         parser.error(f"--select-every must be between 1 and --updates ({args.updates})")
+    if args.val_curve and args.select_every is None:
+        parser.error("--val-curve measures the checkpoints that --select-every keeps: give --select-every")
     out = Path(args.out)
     tasks = out / "easy_val.jsonl"
     if not args.report:

@@ -123,7 +123,7 @@ def test_held_in_selection_stops_keeps_each_checkpoint_and_picks_the_best_latest
         SCRIPT["keep_checkpoint"](run, 12)
     assert not (run / "v012").exists()
     assert SCRIPT["trained_to"](run) == 8 and SCRIPT["trained_to"](tmp_path / "seed9") == 0
-    args = argparse.Namespace(updates=4, select_every=None, max_craft_steps=None, start="tiny", set=[])
+    args = argparse.Namespace(updates=4, select_every=None, max_craft_steps=None, start="tiny", set=[], val_curve=False)
     with pytest.raises(SystemExit, match="has trained 8 updates, more than --updates 4"):  # before any command runs
         SCRIPT["run_seed"](args, tmp_path, 0, tmp_path / "easy_val.jsonl")
 
@@ -145,7 +145,14 @@ def test_the_held_in_measures_are_tabled_with_the_checkpoint_kept(tmp_path):
     assert "| seed | held-in solved of 4: the start | update 4 | update 8 | kept |" in table
     assert "| 0 | 2 | 3 | 1 | update 4 |" in table and "| 1 | 2 | 0 | 2 | update 8 |" in table
     assert "held_in" not in SCRIPT["collect"](tmp_path, [0], [])["runs"][0]  # without selection: no held-in columns
-    SCRIPT["figure"](results, tmp_path / "curve.png")
+    assert "val_curve" not in results["runs"][0] and "val solved" not in table  # no --val-curve: no val column
+    write_eval(tmp_path / "seed0" / "val" / "v008", [False, False, False, False])  # --val-curve: the one not kept
+    with_val = SCRIPT["collect"](tmp_path, [0, 1], [4, 8])
+    assert with_val["runs"][0]["val_curve"] == {0: 1, 4: 2, 8: 0}  # the start's before, update 4's after, update 8
+    assert "val_curve" not in with_val["runs"][1]
+    assert "| seed | val solved of 4 (chooses nothing): the start | update 4 | update 8 | kept |" in SCRIPT["report"](with_val)
+    assert "| 0 | 1 | 2 | 0 | update 4 |" in SCRIPT["report"](with_val)
+    SCRIPT["figure"](with_val, tmp_path / "curve.png")
     assert (tmp_path / "curve.png").stat().st_size > 10_000
 
 
@@ -155,6 +162,9 @@ def test_a_bad_selection_setting_fails_before_any_work(tmp_path):
         done = subprocess.run([sys.executable, str(script), "--updates", "16", "--out", str(tmp_path / "out"), *bad],
                               capture_output=True, text=True)
         assert done.returncode == 2 and "--select-every must be between 1 and --updates (16)" in done.stderr
+    done = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "out"), "--val-curve"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "--val-curve measures the checkpoints that --select-every keeps" in done.stderr
     assert not (tmp_path / "out").exists()
     tasks = [{"id": f"train.{i}"} for i in range(10)]
     SCRIPT["write_select_tasks"](tmp_path / "held_in.jsonl", tasks, 4)
@@ -178,3 +188,26 @@ def test_the_val_tasks_can_match_the_training_curriculum_and_a_folder_keeps_its_
     assert [json.loads(line)["id"] for line in path.open()] == [t["id"] for t in matched[:50]]
     assert SCRIPT["measured"]({"tasks": 50, "args": {"val_max_craft_steps": 3}}) == "50 easy val tasks of <= 3 crafts"
     assert SCRIPT["measured"]({"tasks": 50}) == "50 easy val tasks"
+
+
+def test_the_val_curve_measures_each_kept_checkpoint_but_the_one_kept_and_nothing_twice(tmp_path, monkeypatch):
+    commands = []
+    monkeypatch.setitem(SCRIPT["run_seed"].__globals__, "sera", lambda *args: commands.append(args))  # the `sera` processes
+    run = tmp_path / "seed0"
+    write_checkpoint(run / "train" / "checkpoint", 8)  # trained to 8: no training command
+    for version in (4, 8):
+        write_checkpoint(run / f"v{version:03d}" / "checkpoint", version)
+    write_eval(tmp_path / "select_start", [True, False])
+    write_eval(run / "select" / "v004", [True, True])  # update 4 is kept
+    write_eval(run / "select" / "v008", [False, False])
+    write_eval(run / "after", [True, True])
+    (run / "after" / "summary.json").write_text(json.dumps({"label": "execution curve, seed 0, update 4 of 8 (the best held-in)"}))
+    args = argparse.Namespace(updates=8, select_every=4, max_craft_steps=None, start="tiny", set=[], val_curve=True)
+    SCRIPT["run_seed"](args, tmp_path, 0, tmp_path / "easy_val.jsonl")
+    assert len(commands) == 1 and commands[0][0] == "eval"  # update 8 only: update 4's is the "after"
+    assert str(run / "v008") in commands[0][commands[0].index("--policy") + 1]
+    assert commands[0][commands[0].index("--out") + 1] == str(run / "val" / "v008")
+    write_eval(run / "val" / "v008", [False, True])
+    commands.clear()
+    SCRIPT["run_seed"](args, tmp_path, 0, tmp_path / "easy_val.jsonl")
+    assert commands == []  # finished: nothing runs again
