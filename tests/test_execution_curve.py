@@ -188,6 +188,11 @@ def test_the_val_tasks_can_match_the_training_curriculum_and_a_folder_keeps_its_
     assert [json.loads(line)["id"] for line in path.open()] == [t["id"] for t in matched[:50]]
     assert SCRIPT["measured"]({"tasks": 50, "args": {"val_max_craft_steps": 3}}) == "50 easy val tasks of <= 3 crafts"
     assert SCRIPT["measured"]({"tasks": 50}) == "50 easy val tasks"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "execution_curve.py"
+    done = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "out"), "--val-max-craft-steps", "2"],
+                          capture_output=True, text=True)  # 8 easy val tasks of 2 crafts, not the 50 asked for
+    assert done.returncode == 1 and "--tasks 50: the val split has 8 easy tasks of these crafts" in done.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_val_curve_measures_each_kept_checkpoint_but_the_one_kept_and_nothing_twice(tmp_path, monkeypatch):
