@@ -200,10 +200,10 @@ def easy_tasks(split: str, max_craft_steps: int | None) -> list[dict]:
     """The easy tasks of ``split`` in file order, of at most ``max_craft_steps`` crafts when given
     (train: a curriculum at the policy's frontier, where at temperature 0 it solves 3-craft easy
     tasks and none of 5 or more; val: the held-out tasks of that same distribution)."""
-    from sera_core.envs.textcraft.tasks import generate_split
+    from sera_core.envs.registry import pick_tasks
 
-    return [t for t in generate_split(split) if t["misc"]["difficulty"] == "easy"
-            and (max_craft_steps is None or t["misc"]["num_craft_steps"] <= max_craft_steps)]
+    return [t for t in pick_tasks("textcraft", split, difficulty="easy")
+            if max_craft_steps is None or t["misc"]["num_craft_steps"] <= max_craft_steps]
 
 
 def write_tasks(path: Path, tasks: list[dict], what: str) -> None:
@@ -393,8 +393,9 @@ def main() -> None:
         if len(val) < args.tasks:
             raise SystemExit(f"--tasks {args.tasks}: the val split has {len(val)} easy tasks of these crafts")
         write_tasks(tasks, val[:args.tasks], "val tasks")
+        train = easy_tasks("train", args.max_craft_steps) if args.max_craft_steps or args.select_every else []
         if args.max_craft_steps:
-            write_tasks(out / "train_tasks.jsonl", easy_tasks("train", args.max_craft_steps), "training tasks")
+            write_tasks(out / "train_tasks.jsonl", train, "training tasks")
         start = f"vllm:{args.start}"
         if args.before and not (out / "before").exists():
             reuse_before(Path(args.before), out, start, tasks)
@@ -403,7 +404,7 @@ def main() -> None:
                  "--label", f"execution curve, before ({args.start})")
         if args.select_every:
             if not (out / "select_tasks.jsonl").exists():
-                write_select_tasks(out / "select_tasks.jsonl", easy_tasks("train", args.max_craft_steps), args.select_tasks)
+                write_select_tasks(out / "select_tasks.jsonl", train, args.select_tasks)
             if not (out / "select_start" / "summary.json").exists():
                 sera("eval", "--tasks", str(out / "select_tasks.jsonl"), "--policy", start, "--out",
                      str(out / "select_start"), "--resume", "--label", f"held-in, the start ({args.start})")
