@@ -297,3 +297,22 @@ def test_init_from_starts_a_new_run_from_a_checkpoints_weights(reference, tmp_pa
     assert plan(golden_config(tmp_path / "e", init_from=str(tmp / "run")))["init_from"] == str(tmp / "run" / "checkpoint")
     with pytest.raises(CheckpointError, match="trained from model 'tiny'"):  # --dry-run checks it too
         plan(golden_config(tmp_path / "f", init_from=str(other)))
+
+
+@pytest.mark.parametrize("balance", [False, True])
+def test_datum_balance_reaches_the_loss(tmp_path, balance):
+    """``datum_balance`` (an extension) makes the trained tokens' advantage mean the datums'
+    own mean; off, the paper's token mean weighs each datum by its length. Trees by the noisy
+    expert (mixed outcomes, unequal lengths), trained as the model's own."""
+    from sera_core.agents.actors import noisy_expert
+
+    cfg = golden_config(tmp_path, datum_balance=balance, schedule="execution:1", trees_per_task=4, tasks_per_update=2,
+                        total_updates=1, filter_zero_variance=True, max_steps_per_agent=20, max_new_tokens=512)
+    trainer = Trainer(cfg, progress=False)
+    trainer.policy = noisy_expert(tokenizer=trainer.tokenizer)
+    row = trainer.run_update()
+    assert 0 < row["root_success"] < 1 and row["tokens_trained"] > 0
+    if balance:
+        assert row["advantage_token_mean"] == pytest.approx(row["advantage_mean"], abs=1e-6)
+    else:
+        assert abs(row["advantage_token_mean"] - row["advantage_mean"]) > 1e-3

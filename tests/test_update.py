@@ -60,6 +60,27 @@ def test_advantage_token_mean_weighs_each_datum_by_its_trained_tokens():
     assert advantage_token_mean([row(1.0, 0, 4)]) is None
 
 
+def test_datum_balance_weighs_every_datum_the_same_whatever_its_length():
+    """A success (+0.5) that trains 3 tokens beside a failure (-0.5) that trains 1: the token
+    mean leans toward the longer datum; balanced, each datum's tokens carry N / D = 2 tokens'
+    worth of its advantage, so the token-weighted mean is the datums' own mean, 0."""
+    tree = agent_tree()
+    success = Advantage(Datum("t", "x", "0", None, "execution", 0, 1.0), 0.5)  # act turns: 3 + 1 tokens
+    failure = Advantage(Datum("t", "x", "0", 1, "launch", 0, 1.0), -0.5)  # 2 tokens
+    plain = token_rows({"t": tree}, [success, failure])
+    balanced = token_rows({"t": tree}, [success, failure], datum_balance=True)
+    assert [r.tokens for r in plain] == [r.tokens for r in balanced] == [3, 1, 2]
+    assert advantage_token_mean(plain) == pytest.approx((4 * 0.5 - 2 * 0.5) / 6)
+    assert advantage_token_mean(balanced) == pytest.approx(0.0)
+    n, d = 6, 2
+    assert balanced[0].advantage[3] == pytest.approx(0.5 * n / (d * 4))  # one datum over two rows
+    assert balanced[1].advantage[-1] == pytest.approx(0.5 * n / (d * 4))
+    assert balanced[2].advantage[-1] == pytest.approx(-0.5 * n / (d * 2))
+    assert [r.ids for r in balanced] == [r.ids for r in plain] and [r.trained for r in balanced] == [r.trained for r in plain]
+    untrained = Advantage(Datum("t", "x", "0", 2, "execution", 0, 1.0), 1.0)  # the rubric turn trains no execution token
+    assert token_rows({"t": tree}, [success, untrained], datum_balance=True) == token_rows({"t": tree}, [success])
+
+
 def test_micro_batches_respect_the_token_budget():
     rows = [TokenRow((1,) * n, (True,) * n, (0.0,) * n, (1.0,) * n) for n in (4, 4, 3, 9, 2)]
     groups = micro_batches(rows, 8)

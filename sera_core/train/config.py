@@ -136,6 +136,11 @@ class TrainConfig:
     """Drop groups whose rewards are all equal (official ``filter_zero_variance_groups``)."""
     depth_weighting: bool = True
     """Multiply each datum's advantage by ``w_d`` (inverse count of datums at its depth)."""
+    datum_balance: bool = field(default=False, metadata={"hashed_when_set": True})
+    """An extension, not SPEC 4 (off: the paper's token mean): weigh every datum the same in the
+    loss, ``(1/D) sum_d (1/T_d) sum_{t in d} loss_t`` instead of ``(1/N) sum_t loss_t``, so
+    that a long failure pushes no harder than a short success
+    (:func:`~sera_core.train.update.token_rows`)."""
     loss: str = "cispo"
     """``cispo`` (SERA and the RAO rows) or ``grpo`` (PPO-style clipped ratio; the single-agent GRPO row)."""
     clip_low: float = 0.0

@@ -307,7 +307,7 @@ class Trainer:
         the advantages, the datums zero-variance filtering dropped, the loss statistics of
         the whole update and the gradient norm before clipping."""
         adv, filtered = self.advantages(stage, rollouts)
-        rows = token_rows({r.tree.tree_id: r.tree for r in rollouts}, adv)
+        rows = token_rows({r.tree.tree_id: r.tree for r in rollouts}, adv, datum_balance=self.cfg.datum_balance)
         stats, grad_norm = self.train_rows(rows)
         return adv, filtered, stats | {"advantage_token_mean": advantage_token_mean(rows)}, grad_norm
 

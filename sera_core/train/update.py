@@ -58,15 +58,37 @@ class TokenRow:
         return sum(self.trained)
 
 
-def token_rows(trees: Mapping[str, Tree], advantages: Sequence[Advantage]) -> list[TokenRow]:
-    """The training rows of ``advantages`` (module docstring), in datum order."""
-    rows = []
+def token_rows(trees: Mapping[str, Tree], advantages: Sequence[Advantage], *, datum_balance: bool = False) -> list[TokenRow]:
+    """The training rows of ``advantages`` (module docstring), in datum order.
+
+    ``datum_balance`` (an extension, not SPEC 4; ``TrainConfig.datum_balance``) rescales each
+    datum's advantages so that every datum weighs the same in the token-mean loss, whatever its
+    length. With ``N`` the trained tokens of all the rows, ``D`` the datums that train any token
+    and ``T_d`` datum ``d``'s::
+
+        A_t <- A_t * N / (D * T_d)    so    sum_t loss_t / N = (1/D) sum_d (1/T_d) sum_{t in d} loss_t
+
+    Under the plain token mean a datum pushes in proportion to its length, so failures that repeat
+    a block until the turn cap outweigh 5-turn successes (:func:`advantage_token_mean` < 0, where
+    a group's leave-one-out advantages sum to 0 over its datums); balanced, the token-weighted
+    advantage mean equals the datums' own mean."""
+    per_datum = []
     for a in advantages:
         d = a.datum
         node = trees[d.tree_id].nodes[d.node_id]
         turns = [t for t in node.turns if t.kind == "act"] if d.turn is None else [node.turns[d.turn]]
-        rows += turn_rows(turns, d.role, a.value)
-    return rows
+        per_datum.append(turn_rows(turns, d.role, a.value))
+    if datum_balance:
+        lengths = [sum(r.tokens for r in rows) for rows in per_datum]
+        n, count = sum(lengths), sum(1 for t in lengths if t)
+        per_datum = [[_scaled(r, n / (count * t)) for r in rows] if t else rows
+                     for rows, t in zip(per_datum, lengths, strict=True)]
+    return [r for rows in per_datum for r in rows]
+
+
+def _scaled(row: TokenRow, factor: float) -> TokenRow:
+    """``row`` with every advantage multiplied by ``factor``."""
+    return TokenRow(row.ids, row.trained, row.old_logprobs, tuple(a * factor for a in row.advantage))
 
 
 def turn_rows(turns: Sequence[Turn], role: str, value: float) -> list[TokenRow]:
