@@ -61,9 +61,9 @@ def test_advantage_token_mean_weighs_each_datum_by_its_trained_tokens():
 
 
 def test_datum_balance_weighs_every_datum_the_same_whatever_its_length():
-    """A success (+0.5) that trains 3 tokens beside a failure (-0.5) that trains 1: the token
-    mean leans toward the longer datum; balanced, each datum's tokens carry N / D = 2 tokens'
-    worth of its advantage, so the token-weighted mean is the datums' own mean, 0."""
+    """A success (+0.5) that trains 4 tokens over two rows beside a failure (-0.5) that trains 2:
+    the token mean leans toward the longer datum; balanced, each datum's tokens carry N / D = 3
+    tokens' worth of its advantage, so the token-weighted mean is the datums' own mean, 0."""
     tree = agent_tree()
     success = Advantage(Datum("t", "x", "0", None, "execution", 0, 1.0), 0.5)  # act turns: 3 + 1 tokens
     failure = Advantage(Datum("t", "x", "0", 1, "launch", 0, 1.0), -0.5)  # 2 tokens
