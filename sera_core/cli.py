@@ -293,6 +293,7 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
         return {"action": "plan", **plan(cfg)}
     trainer = Trainer(cfg)
     rows = trainer.run(resume=args.resume)
+    trainer.close()  # a multi-process launch ends its process group before it exits
     last = rows[-1] if rows else {}
     return {"action": "train", "method": cfg.method, "out": cfg.out, "version": trainer.updates_done,
             "updates": len(rows), "root_success": last.get("root_success"), "stage": last.get("stage"),

@@ -11,12 +11,13 @@ from-scratch fixture model as the trained model:
 2. two more updates through ``Trainer.run`` with the model's own rollouts, which writes
    a checkpoint from the main process between collectives.
 
-The main process writes ``OUT/result.json`` (each update's loss statistics, the datums and
-the trained tokens) and ``OUT/weights.pt`` (every parameter after the five updates).
+Then ``Trainer.close`` ends the process group, as ``sera train`` does. The main process writes
+``OUT/result.json`` (each update's loss statistics, the datums and the trained tokens, whether
+the group was closed) and ``OUT/weights.pt`` (every parameter after the five updates).
 
 ``python tests/distributed_run.py OUT failing-save`` instead saves once where the main process
-cannot write (a file stands where ``checkpoint.tmp`` goes): each process writes the error it
-raised to ``OUT/save.<rank>.txt``.
+cannot write (a file stands where ``checkpoint.tmp`` goes), then closes: each process writes
+the error it raised and whether its group was closed to ``OUT/save.<rank>.txt``.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def failing_save(out: Path, tasks: Path) -> None:
         said = "saved"
     except OSError as exc:
         said = str(exc)
-    (out / f"save.{rank}.txt").write_text(said)
+    trainer.close()
+    (out / f"save.{rank}.txt").write_text(f"{said}\nclosed: {not torch.distributed.is_initialized()}")
 
 
 def main(out: Path, mode: str = "train") -> None:
@@ -75,11 +77,14 @@ def main(out: Path, mode: str = "train") -> None:
         updates.append({"stage": stage.name, "trees": [r.tree.tree_id for r in rollouts], "datums": len(adv),
                         "filtered": filtered, "grad_norm": grad_norm, **stats})
     rows = trainer.run()
-    if trainer.accelerator.is_main_process:
+    main_process = trainer.accelerator.is_main_process
+    trainer.close()
+    if main_process:
         model = trainer.accelerator.unwrap_model(trainer.model)
         torch.save({n: p.detach().clone() for n, p in model.named_parameters()}, out / "weights.pt")
         (out / "result.json").write_text(json.dumps({"updates": updates, "run_versions": [r["version"] for r in rows],
-                                                     "processes": trainer.part[1]}, indent=1))
+                                                     "processes": trainer.part[1],
+                                                     "closed": not torch.distributed.is_initialized()}, indent=1))
 
 
 if __name__ == "__main__":

@@ -95,6 +95,7 @@ def test_three_processes_train_like_one(tmp_path):
     one = _launch(tmp_path / "one", 1)
     three = _launch(tmp_path / "three", 3)
     assert three["processes"] == 3 and one["processes"] == 1
+    assert three["closed"] and one["closed"]  # Trainer.close ended the group before the processes exited
     assert three["run_versions"] == one["run_versions"] == [3, 4]
     for a, b in zip(three["updates"], one["updates"], strict=True):
         assert a["trees"] == b["trees"] and len(a["trees"]) == 10
@@ -113,7 +114,9 @@ def test_three_processes_train_like_one(tmp_path):
 def test_a_checkpoint_write_that_fails_on_the_main_process_fails_every_process(tmp_path):
     """Two processes save; the main one cannot write. Both raise the same error naming the
     checkpoint of update 0 (before: the main one raised before the closing barrier and the
-    other waited there for ever, until the subprocess timeout)."""
+    other waited there for ever, until the subprocess timeout). Then both end the process group
+    (``Trainer.close``): without it, one process once aborted at exit after its work was done
+    (``terminate called without an active exception``, CI 2026-12-06) and the launch failed."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(RUN),
            str(tmp_path), "failing-save"]
@@ -122,6 +125,7 @@ def test_a_checkpoint_write_that_fails_on_the_main_process_fails_every_process(t
     said = [(tmp_path / f"save.{rank}.txt").read_text() for rank in (0, 1)]
     assert said[0] == said[1]
     assert "could not write the checkpoint of update 0" in said[0] and "there is no earlier one" in said[0]
+    assert said[0].endswith("\nclosed: True")  # then Trainer.close ended the group on both
 
 
 def _fsdp(out: Path, processes: int, steps: int, resume: Path | None = None) -> dict:

@@ -67,6 +67,7 @@ def main(out: Path) -> None:
     rows = trainer.run()
     result["own_update"] = agreement(trainer) | {"tokens_trained": rows[-1]["tokens_trained"],
                                                  "requests": trainer.policy.requests}
+    trainer.close()  # as ``sera train`` does: a two-process launch ends its group before it exits
     if trainer.part[1] == 1:
         del trainer
         resumed = Trainer(cfg.replace(total_updates=3), progress=False)

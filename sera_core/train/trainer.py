@@ -426,6 +426,19 @@ class Trainer:
         self.accelerator.trackers = []
         return rows
 
+    def close(self) -> None:
+        """End a multi-process run's process group in order, once no process needs it again:
+        every process waits for the others, then the group is destroyed. A process that exits
+        with its group still open leaves its communication threads to the interpreter's exit,
+        where one of them can abort the process (``terminate called without an active
+        exception``, SIGABRT) after its work is done, and the launcher then reports the run as
+        failed. One process: nothing to end."""
+        from accelerate.state import PartialState
+
+        if self.accelerator.num_processes > 1 and torch.distributed.is_initialized():
+            self.accelerator.wait_for_everyone()
+            PartialState().destroy_process_group()
+
     # -- metrics -----------------------------------------------------------------------
     def _append_metrics(self, row: dict) -> None:
         if not self.accelerator.is_main_process:
