@@ -42,7 +42,8 @@ the same rewards, advantages (LOO baselines, zero-variance filter, depth weights
 dealt round-robin and padded with zero-weight micro-batches (``update.process_share``), so
 every process runs the same number of forward/backward passes and collectives whatever
 the task count, and the update equals the one-process update (tested with 3 CPU
-processes: tests/test_distributed.py).
+processes: tests/test_distributed.py). :meth:`Trainer.close` ends the process group once the
+run is over (``sera train`` calls it).
 
 One update's life cycle (rollouts, advantages, the split update, metrics, checkpoints)
 is the trainer's own state, so it stays one module; the maths lives in advantages, cispo
