@@ -77,9 +77,8 @@ def main(out: Path, mode: str = "train") -> None:
         updates.append({"stage": stage.name, "trees": [r.tree.tree_id for r in rollouts], "datums": len(adv),
                         "filtered": filtered, "grad_norm": grad_norm, **stats})
     rows = trainer.run()
-    main_process = trainer.accelerator.is_main_process
     trainer.close()
-    if main_process:
+    if trainer.accelerator.is_main_process:  # the process's index, kept after the group is gone
         model = trainer.accelerator.unwrap_model(trainer.model)
         torch.save({n: p.detach().clone() for n, p in model.named_parameters()}, out / "weights.pt")
         (out / "result.json").write_text(json.dumps({"updates": updates, "run_versions": [r["version"] for r in rows],

@@ -434,11 +434,9 @@ class Trainer:
         where one of them can abort the process (``terminate called without an active
         exception``, SIGABRT) after its work is done, and the launcher then reports the run as
         failed. One process: nothing to end."""
-        from accelerate.state import PartialState
-
         if self.accelerator.num_processes > 1 and torch.distributed.is_initialized():
             self.accelerator.wait_for_everyone()
-            PartialState().destroy_process_group()
+            self.accelerator.state.destroy_process_group()  # as Accelerator.end_training, without its trackers
 
     # -- metrics -----------------------------------------------------------------------
     def _append_metrics(self, row: dict) -> None:
