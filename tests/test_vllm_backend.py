@@ -249,6 +249,23 @@ def test_an_engine_that_cannot_start_says_why_before_any_rollout(tmp_path):
     assert not native_bf16(cuda=False, flags=" fpu avx512f avx512_vnni ") and not native_bf16(cuda=False, flags="")
 
 
+def test_the_machine_line_names_the_flags_the_kernels_and_the_precision():
+    """``python -m sera_core.utils.hardware`` (printed by ``make test``, so by CI): what decides
+    the kernels and the ``auto`` precision, agreeing with :func:`native_bf16` on this machine."""
+    import json
+    import subprocess
+    import sys
+
+    from sera_core.utils.hardware import FLAGS_THAT_MATTER, cpu_flags
+
+    line = json.loads(subprocess.run([sys.executable, "-m", "sera_core.utils.hardware"], capture_output=True, text=True,
+                                     check=True).stdout)
+    assert list(line["flags"]) == list(FLAGS_THAT_MATTER)
+    assert line["flags"]["avx512_bf16"] == (" avx512_bf16 " in f" {cpu_flags()} ")
+    assert line["native_bf16"] == native_bf16() and line["auto_precision"] == ("bf16" if native_bf16() else "float32")
+    assert line["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability() and line["cores"] >= 1
+
+
 def test_engine_arguments_bound_memory_and_pin_one_engine_per_process(tmp_path):
     """Faults C and D of the old backend: every engine gets ``max_model_len`` (the config's,
     capped by the model) and its memory share; several processes use ``external_launcher``
@@ -292,13 +309,14 @@ VLLM_RUN = __import__("pathlib").Path(__file__).parent / "vllm_run.py"
 def _vllm_run(out, processes: int) -> list[dict]:
     import json
     import os
-    import subprocess
     import sys
+
+    from launching import run_launch
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     cmd = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
            if processes > 1 else [sys.executable]) + [str(VLLM_RUN), str(out)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1100)
+    done = run_launch(cmd, env=env, timeout=1100)
     assert done.returncode == 0, done.stderr[-4000:]
     return [json.loads((out / f"result.{r}.json").read_text()) for r in range(processes)]
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,7 +83,17 @@ class DemoConfig:
     scored children succeed, and a scorer that imitates the common case reports success for
     all). 1: none."""
 
+    child_act_keep: int = field(default=1, metadata={"hashed_when_set": True})
+    """Keep one in this many of the children's act conversations that launch nothing (a seeded
+    choice per agent, :func:`rollout_samples`); roots, delegating agents, rubric and scoring
+    calls are all kept. Why: an epoch on 2 cores costs about 10 hours per 8 M positions
+    (docs/embedded.md), and these conversations are the most numerous and the most alike (a
+    child crafting one item, or preparing one ingredient: 1.75 M positions of the one-epoch
+    recipe's 9.3 M, of which TextWorld's learn 7% of their tokens). 1: all kept."""
+
     def __post_init__(self) -> None:
+        if self.child_act_keep < 1:
+            raise UserInputError("child_act_keep is 1 (keep every child's conversation) or more (keep one in that many)")
         if min(self.textcraft_worlds, self.textworld_tasks, self.textworld_easy, self.copy_drills) < 0 or self.noisy_every < 1:
             raise UserInputError("textcraft_worlds, textworld_tasks, textworld_easy, copy_drills >= 0 and noisy_every >= 1 "
                                  "are required")
@@ -95,7 +105,32 @@ class DemoConfig:
             raise UserInputError("textcraft_mix counts must be >= 0")
 
 
-def turn_samples(turns: list[Turn]) -> Iterator[Sample]:
+HEAD_ENDS = {"rubric": "## Parent trajectory before delegation", "score": "## Sub-agent trajectory"}
+"""Where the head of a rubric or scoring call's prompt ends (:attr:`~sera_core.tiny.sft.Sample.head`):
+the section that holds the transcript, which is what a cut may shorten; before it come the
+system prompt and the task (and, for scoring, the frozen rubric)."""
+
+
+def call_head(prompt_ids: tuple[int, ...], role: str, decode: Callable[[list[int]], str] | None) -> int:
+    """The number of leading tokens of a rubric or scoring call's prompt before its transcript
+    section (:data:`HEAD_ENDS`): the longest prefix whose text ends before the section's title.
+    0 without ``decode`` or when the title is missing."""
+    if decode is None or role not in HEAD_ENDS:
+        return 0
+    end = decode(list(prompt_ids)).find(HEAD_ENDS[role])
+    if end < 0:
+        return 0
+    lo, hi = 0, len(prompt_ids)  # the largest k with len(decode(ids[:k])) <= end (lengths grow with k)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(decode(list(prompt_ids[:mid]))) <= end:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def turn_samples(turns: list[Turn], decode: Callable[[list[int]], str] | None = None) -> Iterator[Sample]:
     """The turns' exact prompt and completion ids, packed: an act turn whose context
     extends the previous act turn's context and completion joins that turn's sample (the
     earlier completion becomes a :attr:`~sera_core.tiny.sft.Sample.learn` span), so one
@@ -103,12 +138,16 @@ def turn_samples(turns: list[Turn]) -> Iterator[Sample]:
     conversations) are samples of their own. Learnt tokens and their contexts are
     exactly those of one sample per turn, except that a *perturbation* (an act turn whose
     meta says ``perturbation``: a mistake put in on purpose) is context only, never learnt:
-    a conversation that ends on one is cut after its last learnt turn."""
-    for sample, _ in _packed(turns):
+    a conversation that ends on one is cut after its last learnt turn.
+
+    Each sample carries its role (the turn kind) and its head: an act conversation's first
+    prompt (the system prompt and the task), a call's prompt up to its transcript
+    (:func:`call_head`, which needs ``decode``)."""
+    for sample, _ in _packed(turns, decode):
         yield sample
 
 
-def _packed(turns: list[Turn]) -> Iterator[tuple[Sample, list[Turn]]]:
+def _packed(turns: list[Turn], decode: Callable[[list[int]], str] | None = None) -> Iterator[tuple[Sample, list[Turn]]]:
     """:func:`turn_samples`, each sample with the turns it holds."""
     run: Sample | None = None
     run_turns: list[Turn] = []
@@ -119,7 +158,8 @@ def _packed(turns: list[Turn]) -> Iterator[tuple[Sample, list[Turn]]]:
             yield run, held
         elif run.learn:  # the last learnt completion becomes the sample's completion
             a, b = run.learn[-1]
-            yield Sample(run.prompt_ids[:a], run.prompt_ids[a:b], learn=run.learn[:-1]), held[:-1]
+            yield Sample(run.prompt_ids[:a], run.prompt_ids[a:b], learn=run.learn[:-1], role="act",
+                         head=min(run.head, a)), held[:-1]
 
     for turn in turns:
         if not turn.completion_ids:
@@ -127,34 +167,41 @@ def _packed(turns: list[Turn]) -> Iterator[tuple[Sample, list[Turn]]]:
         prompt, completion = tuple(turn.prompt_ids), tuple(turn.completion_ids)
         mistake = bool(turn.meta.get("perturbation"))
         if turn.kind != "act":
-            yield Sample(prompt, completion), [turn]
+            yield Sample(prompt, completion, role=turn.kind, head=call_head(prompt, turn.kind, decode)), [turn]
             continue
         if run is not None and prompt[:len(run.prompt_ids) + len(run.completion_ids)] == run.prompt_ids + run.completion_ids:
             learnt = () if run_mistake else ((len(run.prompt_ids), len(run.prompt_ids) + len(run.completion_ids)),)
-            run, run_mistake = Sample(prompt, completion, learn=run.learn + learnt), mistake
+            run, run_mistake = Sample(prompt, completion, learn=run.learn + learnt, role="act", head=run.head), mistake
             run_turns = run_turns + [turn]
             continue
         if run is not None:
             yield from finished(run, run_mistake, run_turns)
-        run, run_mistake, run_turns = Sample(prompt, completion), mistake, [turn]
+        run, run_mistake, run_turns = Sample(prompt, completion, role="act", head=len(prompt)), mistake, [turn]
     if run is not None:
         yield from finished(run, run_mistake, run_turns)
 
 
-def rollout_samples(rollout: Rollout, oversample: int = 1) -> Iterator[Sample]:
-    """Every turn of the tree (packed per agent, :func:`turn_samples`), and the detached
-    scoring calls of its branch groups; a sample that holds a delegation (a launch token) or
-    scores a child that failed (its judge label is False) comes ``oversample`` times."""
+def rollout_samples(rollout: Rollout, oversample: int = 1, decode: Callable[[list[int]], str] | None = None, *,
+                    child_act_keep: int = 1, seed: int = 0) -> Iterator[Sample]:
+    """Every turn of the tree (packed per agent, :func:`turn_samples`; ``decode`` finds the
+    calls' heads), and the detached scoring calls of its branch groups; a sample that holds a
+    delegation (a launch token) or scores a child that failed (its judge label is False) comes
+    ``oversample`` times. A child's act conversation without a launch is kept when
+    ``derive_seed(seed, "child_act", tree id, node id) % child_act_keep == 0``
+    (:attr:`DemoConfig.child_act_keep`)."""
     tree = rollout.tree
     for node in tree.nodes.values():
-        for sample, held in _packed(node.turns):
-            rare = any("launch" in t.roles or (t.kind == "score" and tree.nodes[t.meta["child"]].label is False)
-                       for t in held)
+        for sample, held in _packed(node.turns, decode):
+            launches = any("launch" in t.roles for t in held)
+            if (sample.role == "act" and node.depth > 0 and not launches and child_act_keep > 1
+                    and derive_seed(seed, "child_act", tree.tree_id, node.node_id) % child_act_keep):
+                continue
+            rare = launches or any(t.kind == "score" and tree.nodes[t.meta["child"]].label is False for t in held)
             yield from [sample] * (oversample if rare else 1)
     for point in rollout.points:
         for branch in point.branches[1:]:
             if branch.score_turn is not None:
-                yield from list(turn_samples([branch.score_turn])) * (oversample if branch.label is False else 1)
+                yield from list(turn_samples([branch.score_turn], decode)) * (oversample if branch.label is False else 1)
 
 
 def copy_drills(tokenizer: Any, cfg: DemoConfig) -> list[Sample]:
@@ -204,7 +251,8 @@ def demonstrations(tokenizer: Any, cfg: DemoConfig, *, progress: bool = False) -
             for node in r.tree.nodes.values():
                 for t in node.turns:
                     kinds[t.kind] += 1
-        benchmark_samples = [s for r in rollouts for s in rollout_samples(r, cfg.oversample)]
+        benchmark_samples = [s for r in rollouts for s in rollout_samples(r, cfg.oversample, tokenizer.decode,
+                                                                          child_act_keep=cfg.child_act_keep, seed=cfg.seed)]
         stats[benchmark] = {"tasks": len(tasks), "samples": len(benchmark_samples), "turns": kinds,
                       "root_success": sum(r.tree.root_reward or 0 for r in rollouts) / max(1, len(rollouts)),
                       "completion_tokens": sum(len(s.completion_ids) + sum(b - a for a, b in s.learn) for s in benchmark_samples)}

@@ -12,6 +12,15 @@ The loop
     the learning rate to ``min_lr_ratio * lr``. One process: the same code runs on CPU
     and on one GPU.
 
+    Packed epochs (``tokens_per_step > 0``): the run is ``epochs`` passes over the samples;
+    each pass visits every sample once in its own shuffled order and packs consecutive
+    samples into steps of at most ``tokens_per_step`` positions (:func:`packed_steps`). A
+    step runs its samples one after another, each unpadded at its own length (positions
+    from 0), and backpropagates each sample's share of the step's loss: the gradient of one
+    packed row with a block-diagonal causal mask, without padding and without the mask's
+    ``T^2`` attention over other samples. The step count, and so the learning-rate
+    schedule, follows from the samples' lengths.
+
 The loss (:func:`sft_loss`)
     Only completion tokens count. Position ``t`` predicts token ``t + 1``; with ``C`` the
     positions ``(i, t)`` whose target ``y[i, t + 1]`` is a completion token of sample
@@ -36,9 +45,10 @@ Determinism and resume
     to the end, give bit-identical weights and ``loss.csv`` (but for its wall-clock
     ``seconds`` column).
 
-Output folder: ``loss.csv`` (``step,loss,lr,tokens,seconds``; a row every ``log_every``
+Output folder: ``loss.csv`` (``step,loss,lr,tokens,positions,seconds``; a row every ``log_every``
 steps and at the last step; ``loss`` is the mean over the steps since the previous row,
-``lr`` the rate used at ``step``, ``tokens`` and ``seconds`` are cumulative) and
+``lr`` the rate used at ``step``, ``tokens`` (learnt), ``positions`` (run through the model,
+padding excluded) and ``seconds`` are cumulative) and
 ``checkpoint/`` (``model.safetensors``, ``optimizer.pt``, ``scheduler.pt``, ``state.json``).
 """
 
@@ -52,7 +62,7 @@ import random
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -67,7 +77,7 @@ from sera_core.utils.weights import load_optimizer_state, load_trained, optimize
 
 IGNORE = -100
 """Label of positions without loss (prompt and padding), as in Hugging Face."""
-CSV_HEADER = "step,loss,lr,tokens,seconds\n"
+CSV_HEADER = "step,loss,lr,tokens,positions,seconds\n"
 
 
 @dataclass(frozen=True)
@@ -85,6 +95,13 @@ class Sample:
     earlier completions of a packed conversation (one sequence carries every turn of an
     agent, since each turn's context extends the previous turn's context and completion).
     Sorted, disjoint, non-empty."""
+    role: str = field(default="", compare=False)
+    """What the sample teaches (``act``, ``rubric``, ``score``; "" unknown), for the build's
+    tables and checks; not part of the sample's identity (:func:`samples_sha256`)."""
+    head: int = 0
+    """Leading prompt tokens that a cut keeps (:func:`fit`): the system prompt and the task of
+    an agent's conversation, or a rubric or scoring call's prompt up to the transcript it
+    reads. 0: a cut keeps the tail only."""
 
     def __post_init__(self):
         object.__setattr__(self, "prompt_ids", tuple(int(t) for t in self.prompt_ids))
@@ -97,6 +114,8 @@ class Sample:
             raise ValueError(f"Sample.learn must hold sorted, disjoint, non-empty ranges inside the prompt, got {self.learn!r}")
         if not (_num(self.weight) and self.weight >= 0):
             raise ValueError(f"Sample.weight must be a finite number >= 0, got {self.weight!r}")
+        if not (_int(self.head, 0) and self.head <= len(self.prompt_ids)):
+            raise ValueError(f"Sample.head must be an integer in [0, len(prompt_ids)], got {self.head!r}")
 
 
 def _int(x, lo: int) -> bool:
@@ -128,9 +147,10 @@ class SFTConfig:
     grad_clip: float = 1.0
     """Maximum global gradient norm."""
     max_len: int = 1024
-    """Longest training sequence: a longer sample keeps its last ``max_len`` tokens (the
-    context is cut on the left), or the first ``max_len`` completion tokens and no prompt
-    when the completion alone is that long."""
+    """Longest training sequence: a longer sample is cut in the middle of its prompt, keeping
+    its :attr:`Sample.head`, a marker and the tokens that fit before the completion
+    (:func:`fit`); the first ``max_len`` completion tokens and no prompt when the completion
+    alone is that long."""
     seed: int = 0
     """Seed of batch composition and torch randomness."""
     log_every: int = 10
@@ -141,8 +161,19 @@ class SFTConfig:
     """Shorter samples first: step ``s`` draws from the shortest fraction
     ``min(1, 0.25 + 0.75 * s / (0.5 * steps))`` of samples sorted by length, then index."""
     mixed_precision: str = "no"
-    """``"no"`` (float32) or ``"bf16"`` (autocast); one value per process, since
-    Accelerate's state is process-wide (a second value raises Accelerate's ValueError)."""
+    """``"no"`` (float32), ``"bf16"`` (autocast) or ``"auto"`` (bf16 where the machine runs it
+    natively, :func:`~sera_core.utils.hardware.native_bf16`, else float32; resolved when a run
+    starts or resumes and recorded per stretch of steps in the checkpoint, so a build may move
+    between machines of both kinds)."""
+    tokens_per_step: int = field(default=0, metadata={"hashed_when_set": True})
+    """Packed epochs: every sample once per epoch, in an order shuffled per epoch, whole
+    samples packed into steps of at most this many positions, without padding
+    (:func:`packed_steps`; ``steps``, ``batch_size`` and ``curriculum`` are then unused).
+    0: ``steps`` steps of ``batch_size`` samples drawn by :func:`batch_indices` (the recipes
+    built before packing)."""
+    epochs: int = field(default=0, metadata={"hashed_when_set": True})
+    """With ``tokens_per_step``: the number of epochs (the run's step count follows from the
+    samples' lengths). 0 without it."""
 
     def __post_init__(self):
         if isinstance(self.betas, list):
@@ -162,31 +193,55 @@ class SFTConfig:
             ("log_every", _int(self.log_every, 1), "an integer >= 1"),
             ("checkpoint_every", _int(self.checkpoint_every, 1), "an integer >= 1"),
             ("curriculum", isinstance(self.curriculum, bool), "a bool"),
-            ("mixed_precision", self.mixed_precision in ("no", "bf16"), "'no' or 'bf16'"),
+            ("mixed_precision", self.mixed_precision in ("no", "bf16", "auto"), "'no', 'bf16' or 'auto'"),
+            ("tokens_per_step", _int(self.tokens_per_step, 0) and (self.tokens_per_step == 0 or self.tokens_per_step >= self.max_len),
+             "0 or an integer >= max_len"),
+            ("epochs", _int(self.epochs, 0) and (self.epochs > 0) == (self.tokens_per_step > 0),
+             "an integer >= 1 with tokens_per_step, 0 without"),
         )
         for name, ok, what in checks:
             if not ok:
                 raise ValueError(f"SFTConfig.{name} must be {what}, got {getattr(self, name)!r}")
 
 
-def _truncate(sample: Sample, max_len: int) -> tuple[tuple[int, ...], list[tuple[int, int]]]:
-    """The sample's tokens cut to ``max_len`` (see :attr:`SFTConfig.max_len`) and the
-    ranges of them that are learnt (the completion and the ``learn`` spans that survive)."""
+def fit(sample: Sample, max_len: int, marker: Sequence[int] = ()) -> tuple[tuple[int, ...], list[tuple[int, int]]]:
+    """The sample's tokens cut to at most ``max_len`` and the ranges of them that are learnt
+    (the completion and the ``learn`` spans, or what survives of them).
+
+    A sample that fits is whole. A longer one keeps its first :attr:`Sample.head` tokens,
+    then ``marker`` (the tokens that stand for the cut, as the runtime's prompts show a
+    section cut in the middle: :func:`sera_core.utils.text.truncate_middle`), then the last
+    tokens that fit: the completion and the end of the prompt; what is cut is the middle of
+    the transcript. When the head, the marker and the completion do not fit together the
+    cut is on the left (the tail only, no marker); a completion of ``max_len`` tokens or
+    more keeps its first ``max_len`` tokens and no prompt."""
+    full = sample.prompt_ids + sample.completion_ids
     n_completion = len(sample.completion_ids)
+    learnt = list(sample.learn) + [(len(sample.prompt_ids), len(full))]
+    if len(full) <= max_len:
+        return full, learnt
     if n_completion >= max_len:
         return sample.completion_ids[:max_len], [(0, max_len)]
-    ids = (sample.prompt_ids + sample.completion_ids)[-max_len:]
-    cut = len(sample.prompt_ids) + n_completion - len(ids)
-    spans = [(max(0, a - cut), b - cut) for a, b in sample.learn if b - cut > 0]
-    return ids, spans + [(len(ids) - n_completion, len(ids))]
+    head, marker = sample.head, tuple(marker)
+    if head + len(marker) + n_completion > max_len:
+        head, marker = 0, ()
+    start = len(full) - (max_len - head - len(marker))  # the tail kept: full[start:]
+    shift = head + len(marker) - start
+    spans = []
+    for a, b in learnt:
+        if a < head:
+            spans.append((a, min(b, head)))
+        if b > start:
+            spans.append((max(a, start) + shift, b + shift))
+    return full[:head] + marker + full[start:], spans
 
 
-def build_batch(samples: Sequence[Sample], pad_id: int, max_len: int) -> dict[str, torch.Tensor]:
-    """Right-padded tensors of ``samples``: ``input_ids``, ``attention_mask`` (0 on
-    padding), ``labels`` (the token ids on learnt positions: the completion and the
-    ``learn`` spans; ``IGNORE`` on the rest of the prompt and on padding), all
-    ``(batch, longest)``, and ``weights`` ``(batch,)``."""
-    cut = [_truncate(s, max_len) for s in samples]
+def build_batch(samples: Sequence[Sample], pad_id: int, max_len: int, marker: Sequence[int] = ()) -> dict[str, torch.Tensor]:
+    """Right-padded tensors of ``samples`` (each cut by :func:`fit`): ``input_ids``,
+    ``attention_mask`` (0 on padding), ``labels`` (the token ids on learnt positions: the
+    completion and the ``learn`` spans; ``IGNORE`` on the rest of the prompt and on padding),
+    all ``(batch, longest)``, and ``weights`` ``(batch,)``."""
+    cut = [fit(s, max_len, marker) for s in samples]
     input_ids = torch.full((len(cut), max(len(ids) for ids, _ in cut)), pad_id, dtype=torch.long)
     attention_mask = torch.zeros_like(input_ids)
     labels = torch.full_like(input_ids, IGNORE)
@@ -217,7 +272,8 @@ def causal_lm_parts(model) -> tuple[torch.nn.Module, torch.nn.Module]:
     return inner.get_decoder(), inner.get_output_embeddings()
 
 
-def chunked_sft_loss(model, batch: dict[str, torch.Tensor], chunk: int = 1024) -> torch.Tensor:
+def chunked_sft_loss(model, batch: dict[str, torch.Tensor], chunk: int = 1024,
+                     total_weight: float | None = None) -> torch.Tensor:
     """:func:`sft_loss` of ``model`` on ``batch`` without full-vocabulary logits.
 
     The same value (up to float rounding) as ``sft_loss(model(...).logits, labels, weights)``,
@@ -225,6 +281,8 @@ def chunked_sft_loss(model, batch: dict[str, torch.Tensor], chunk: int = 1024) -
     chunks of ``chunk`` rows, each under activation checkpointing: the largest vocabulary
     tensor alive is ``(chunk, V)`` float32 instead of ``(B, T, V)`` (for SmolLM2's 49,152
     tokens at 2 x 1,536 positions that is 200 MB instead of 600 MB, plus its gradient).
+    ``total_weight``: divide the weighted sum by it instead of the batch's own weight (a
+    packed step's samples each contribute their share of the step's loss).
     """
     decoder, head = causal_lm_parts(model)
     hidden = decoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
@@ -239,14 +297,16 @@ def chunked_sft_loss(model, batch: dict[str, torch.Tensor], chunk: int = 1024) -
     parts = [torch.utils.checkpoint.checkpoint(nll, h[a:a + chunk], y[a:a + chunk], use_reentrant=False)
              if torch.is_grad_enabled() else nll(h[a:a + chunk], y[a:a + chunk]) for a in range(0, len(y), chunk)]
     total = (w * torch.cat(parts)).sum() if parts else hidden.sum() * 0.0
-    return total / w.sum().clamp_min(torch.finfo(w.dtype).tiny)
+    return total / (w.sum().clamp_min(torch.finfo(w.dtype).tiny) if total_weight is None else total_weight)
 
 
-def lr_factor(t: int, cfg: SFTConfig) -> float:
-    """Multiplier of ``cfg.lr`` at optimizer step ``t`` (0-based): linear warm-up, then cosine."""
+def lr_factor(t: int, cfg: SFTConfig, steps: int | None = None) -> float:
+    """Multiplier of ``cfg.lr`` at optimizer step ``t`` (0-based) of ``steps`` (default
+    ``cfg.steps``): linear warm-up, then cosine."""
+    steps = cfg.steps if steps is None else steps
     if t < cfg.warmup_steps:
         return (t + 1) / cfg.warmup_steps
-    progress = min(1.0, (t - cfg.warmup_steps) / max(1, cfg.steps - 1 - cfg.warmup_steps))
+    progress = min(1.0, (t - cfg.warmup_steps) / max(1, steps - 1 - cfg.warmup_steps))
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
@@ -258,11 +318,39 @@ def batch_indices(order: Sequence[int], step: int, cfg: SFTConfig) -> list[int]:
     return rng.sample(pool, cfg.batch_size) if len(pool) >= cfg.batch_size else rng.choices(pool, k=cfg.batch_size)
 
 
+def packed_steps(lengths: Sequence[int], cfg: SFTConfig) -> list[list[int]]:
+    """The steps of a packed run (``cfg.tokens_per_step > 0``): the sample indices of each
+    optimizer step, epoch after epoch.
+
+    Epoch ``e`` visits every sample once, in the order ``random.Random(derive_seed(seed,
+    "epoch", e))`` shuffles them to; consecutive samples fill a step while their lengths
+    (``lengths``: each sample's length after :func:`fit`, at most ``max_len <= tokens_per_step``)
+    sum to at most ``tokens_per_step``; the next sample opens the next step. No sample is
+    drawn twice or skipped in an epoch, and none is more likely to wait than another (the
+    shortest-first curriculum gave the longest quarter of the samples a third of the
+    shortest quarter's chance to be drawn)."""
+    steps: list[list[int]] = []
+    for e in range(cfg.epochs):
+        order = list(range(len(lengths)))
+        random.Random(derive_seed(cfg.seed, "epoch", e)).shuffle(order)
+        step, used = [], 0
+        for i in order:
+            if step and used + lengths[i] > cfg.tokens_per_step:
+                steps.append(step)
+                step, used = [], 0
+            step.append(i)
+            used += lengths[i]
+        if step:
+            steps.append(step)
+    return steps
+
+
 def samples_sha256(samples: Sequence[Sample]) -> str:
     """A hash of the samples' tokens and weights, in order."""
     h = hashlib.sha256()
     for s in samples:
-        h.update(json.dumps([s.prompt_ids, s.completion_ids, s.weight] + ([s.learn] if s.learn else [])).encode() + b"\n")
+        extra = ([s.learn] if s.learn else []) + ([{"head": s.head}] if s.head else [])
+        h.update(json.dumps([s.prompt_ids, s.completion_ids, s.weight] + extra).encode() + b"\n")
     return h.hexdigest()
 
 
@@ -287,26 +375,36 @@ def _reset_csv(path: Path, step: int | None) -> None:
 
 
 def train_sft(model, samples: Sequence[Sample], cfg: SFTConfig, out_dir: str | os.PathLike, *, resume: bool = True,
-              progress: bool = True, pad_id: int = 0, stop_after: int | None = None) -> dict:
+              progress: bool = True, pad_id: int = 0, stop_after: int | None = None, marker: Sequence[int] = ()) -> dict:
     """Train ``model`` in place on ``samples`` (see the module docstring); return a summary.
 
     ``resume``: continue from ``out_dir/checkpoint`` if there is one (its config and
     samples must match). ``stop_after``: return after that step (to simulate an
-    interruption; the run resumes from the last checkpoint). Summary: ``steps`` done,
+    interruption; the run resumes from the last checkpoint). ``marker``: the tokens that
+    stand for a cut (:func:`fit`). Summary: ``steps`` done (of ``total_steps``),
     ``first_loss`` (step 1), ``final_loss`` (the last ``loss.csv`` row, None before one),
-    ``tokens`` (completion tokens trained on), ``seconds`` (training time, both cumulative
-    over resumes) and ``resumed_from`` (the checkpoint's step, 0 for a fresh run).
+    ``tokens`` (completion tokens trained on), ``positions`` (sequence positions run through
+    the model, padding excluded), ``seconds`` (training time, all cumulative over resumes),
+    ``epochs`` (packed runs: epochs done, a fraction while one is under way), ``precision``
+    (``[first step, precision, machine]`` for each stretch of steps) and ``resumed_from``
+    (the checkpoint's step, 0 for a fresh run).
     """
+    from sera_core.utils.hardware import describe, native_bf16
+
     if not samples:
         raise ValueError("train_sft needs at least one sample")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config, digest = json.loads(json.dumps(asdict(cfg))), samples_sha256(samples)
-    accelerator = make_accelerator(cfg.mixed_precision)
+    precision = cfg.mixed_precision if cfg.mixed_precision != "auto" else ("bf16" if native_bf16() else "no")
+    plan = packed_steps([len(fit(s, cfg.max_len, marker)[0]) for s in samples], cfg) if cfg.tokens_per_step else None
+    total_steps = len(plan) if plan is not None else cfg.steps
+    accelerator = make_accelerator(precision)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: lr_factor(t, cfg))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: lr_factor(t, cfg, total_steps))
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    state = {"step": 0, "window_sum": 0.0, "window_n": 0, "first_loss": None, "final_loss": None, "tokens": 0, "seconds": 0.0}
+    state = {"step": 0, "window_sum": 0.0, "window_n": 0, "first_loss": None, "final_loss": None, "tokens": 0,
+             "positions": 0, "seconds": 0.0, "precision": []}
     ckpt = next((d for d in (out / "checkpoint", out / "checkpoint.old") if (d / "state.json").exists()), None) if resume else None
     if ckpt is not None:
         saved = json.loads((ckpt / "state.json").read_text())
@@ -318,43 +416,61 @@ def train_sft(model, samples: Sequence[Sample], cfg: SFTConfig, out_dir: str | o
         load_trained(accelerator.unwrap_model(model), ckpt / "model.safetensors")
         load_optimizer_state(accelerator.unwrap_model(model), optimizer, ckpt / "optimizer.pt")
         scheduler.load_state_dict(torch.load(ckpt / "scheduler.pt"))
-        state = {k: saved[k] for k in state}
+        state = {k: saved.get(k, state[k]) for k in state}
     _reset_csv(out / "loss.csv", state["step"] if ckpt is not None else None)
+    machine = describe()["cpu"]
+    if state["step"] < total_steps and [p[1:] for p in state["precision"][-1:]] != [[precision, machine]]:
+        state["precision"].append([state["step"], precision, machine])  # a new stretch: this machine's precision
 
     start, was_training = state["step"], accelerator.unwrap_model(model).training
     order = sorted(range(len(samples)), key=lambda i: (len(samples[i].prompt_ids) + len(samples[i].completion_ids), i))
     t0 = time.perf_counter() - state["seconds"]
     model.train()
-    bar = tqdm(total=cfg.steps, initial=start, desc="sft", disable=not progress)
-    for s in range(start, cfg.steps if stop_after is None else min(cfg.steps, stop_after)):
+    bar = tqdm(total=total_steps, initial=start, desc="sft", disable=not progress)
+    for s in range(start, total_steps if stop_after is None else min(total_steps, stop_after)):
         torch.manual_seed(derive_seed(cfg.seed, "torch", s) % 2**31)
-        batch = build_batch([samples[i] for i in batch_indices(order, s, cfg)], pad_id, cfg.max_len)
-        n_tokens = int((batch["labels"][:, 1:] != IGNORE).sum())
-        batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-        with accelerator.autocast():
-            loss = chunked_sft_loss(model, batch)
-        accelerator.backward(loss)
+        if plan is None:  # one padded batch
+            parts = [build_batch([samples[i] for i in batch_indices(order, s, cfg)], pad_id, cfg.max_len, marker)]
+            weight = None
+        else:  # whole samples, each unpadded; the step's loss is the weighted mean over all their tokens
+            parts = [build_batch([samples[i]], pad_id, cfg.max_len, marker) for i in plan[s]]
+            weight = sum(float(b["weights"][0]) * int((b["labels"][:, 1:] != IGNORE).sum()) for b in parts) or 1.0
+        value, n_tokens, n_positions = 0.0, 0, 0
+        for batch in parts:
+            n_tokens += int((batch["labels"][:, 1:] != IGNORE).sum())
+            n_positions += int(batch["attention_mask"].sum())
+            batch = {k: v.to(accelerator.device) for k, v in batch.items()}
+            with accelerator.autocast():
+                loss = chunked_sft_loss(model, batch, total_weight=weight)
+            accelerator.backward(loss)
+            value += loss.item()
         accelerator.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
         lr = scheduler.get_last_lr()[0]
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
 
-        value, step = loss.item(), s + 1
+        step = s + 1
         state.update(step=step, window_sum=state["window_sum"] + value, window_n=state["window_n"] + 1,
-                     tokens=state["tokens"] + n_tokens, seconds=time.perf_counter() - t0)
+                     tokens=state["tokens"] + n_tokens, positions=state["positions"] + n_positions,
+                     seconds=time.perf_counter() - t0)
         if state["first_loss"] is None:
             state["first_loss"] = value
-        if step % cfg.log_every == 0 or step == cfg.steps:
+        if step % cfg.log_every == 0 or step == total_steps:
             state.update(final_loss=state["window_sum"] / state["window_n"], window_sum=0.0, window_n=0)
             with open(out / "loss.csv", "a") as f:
-                f.write(f"{step},{state['final_loss']!r},{lr!r},{state['tokens']},{state['seconds']:.3f}\n")
-        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+                f.write(f"{step},{state['final_loss']!r},{lr!r},{state['tokens']},{state['positions']},{state['seconds']:.3f}\n")
+        if step % cfg.checkpoint_every == 0 or step == total_steps:
             _save_checkpoint(out, accelerator.unwrap_model(model), optimizer, scheduler,
-                             {**state, "config": config, "samples_sha256": digest})
+                             {**state, "config": config, "samples_sha256": digest, "total_steps": total_steps})
         bar.update(1)
-        bar.set_postfix(loss=f"{value:.4f}")
+        bar.set_postfix(loss=f"{value:.4f}", pos_per_s=f"{(state['positions']) / max(state['seconds'], 1e-9):.0f}")
     bar.close()
     accelerator.unwrap_model(model).train(was_training)
-    return {"steps": state["step"], "final_loss": state["final_loss"], "first_loss": state["first_loss"],
-            "tokens": state["tokens"], "seconds": state["seconds"], "resumed_from": start}
+    epochs = None
+    if plan is not None:
+        per_epoch = len(plan) / cfg.epochs  # steps of an epoch, on average (epochs pack alike, to a step)
+        epochs = round(state["step"] / per_epoch, 4)
+    return {"steps": state["step"], "total_steps": total_steps, "final_loss": state["final_loss"],
+            "first_loss": state["first_loss"], "tokens": state["tokens"], "positions": state["positions"],
+            "seconds": state["seconds"], "epochs": epochs, "precision": state["precision"], "resumed_from": start}

@@ -40,11 +40,13 @@ from pathlib import Path
 import torch
 
 from sera_core import __version__
+from sera_core.envs.registry import BENCHMARKS
 from sera_core.policy.base_model import BASE_NAME, GGUF_SHA256, base_model_folder, load_tokenizer, weights_digest
 from sera_core.policy.models import EMBEDDED, checkpoint_activations
 from sera_core.tiny.demos import DemoConfig, demonstrations
 from sera_core.tiny.recipe import Hashed, _machine
-from sera_core.tiny.sft import SFTConfig, train_sft
+from sera_core.tiny.sft import SFTConfig, Sample, fit, packed_steps, samples_sha256, train_sft
+from sera_core.utils.errors import UserInputError
 from sera_core.utils.folders import sha256_file, swap_in
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -82,29 +84,119 @@ class WarmStartRecipe(Hashed):
     """Seed of the adapter's initial weights."""
 
 
+EPOCH_WARMSTART = WarmStartRecipe(
+    demos=DemoConfig(textcraft_worlds=60, textworld_tasks=40, noisy_every=3, explain=True, textworld_easy=28,
+                     child_act_keep=3),
+    sft=SFTConfig(max_len=8192, tokens_per_step=8192, epochs=1, lr=1e-3, warmup_steps=25, weight_decay=0.0,
+                  mixed_precision="auto", log_every=5, checkpoint_every=10),
+)
+"""The one-epoch recipe (``sera tiny build --epoch``): every demonstration imitated once,
+whole (``max_len`` 8,192 holds the longest sample, 7,070 tokens), in shuffled packed steps of
+at most 8,192 positions, at the machine's precision (float32 on 2 cores without AVX512_BF16:
+about 10 hours, docs/embedded.md). Its demonstrations: the explained
+expert (its decisions written after the facts they rest on), the noisy expert's groups
+(failed children scored ``false``; its lenient rate is 0), and 28 easy 2-dish TextWorld
+tasks whose root delegates one sub-agent per dish; the 240 TextCraft tasks hold 76 easy
+ones of 5-10 crafts, whose roots delegate (docs/embedded.md has the table by benchmark,
+role and length). One in three of the children's act conversations that launch nothing is
+kept (:attr:`~sera_core.tiny.demos.DemoConfig.child_act_keep`), so that the epoch fits about
+10 hours on 2 cores."""
+
+CUT_MARKER = "\n... [tokens omitted] ...\n"
+"""What stands for the middle of a sample cut to ``max_len`` (:func:`sera_core.tiny.sft.fit`):
+the words of the runtime's own cut (:func:`sera_core.utils.text.truncate_middle`)."""
+
+ROLES = ("act", "rubric", "score")
+"""What a demonstration teaches: acting (with launches), writing a rubric, scoring a child."""
+
 SMALL_WARMSTART = WarmStartRecipe(
     demos=DemoConfig(textcraft_worlds=2, textcraft_mix={"easy": 1}, textworld_tasks=1),
     lora=LoraSettings(r=4, alpha=8),
-    sft=SFTConfig(steps=6, batch_size=2, lr=1e-2, warmup_steps=1, max_len=512, log_every=2, checkpoint_every=2),
+    sft=SFTConfig(steps=6, batch_size=2, lr=1e-2, warmup_steps=1, max_len=8192, log_every=2, checkpoint_every=2),
 )
 """A recipe for tests and CI (seconds, on a small stand-in base): same code, tiny sizes."""
 
 
-def lora_model(model, lora: LoraSettings, seed: int):
+def demonstration_table(samples: list[Sample], max_len: int, marker: tuple[int, ...] = ()) -> dict[str, dict]:
+    """Per role (:data:`ROLES`): samples, positions (their tokens), learnt tokens, the longest,
+    and the share of samples that lose anything to ``max_len`` (:func:`~sera_core.tiny.sft.fit`:
+    a position, or a learnt token) against the cut before packing (the tail of 1,536 tokens)."""
+    table = {}
+    for role in ROLES:
+        mine = [s for s in samples if s.role == role]
+        lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in mine]
+        learnt = [len(s.completion_ids) + sum(b - a for a, b in s.learn) for s in mine]
+        kept = [sum(b - a for a, b in fit(s, max_len, marker)[1]) for s in mine]
+        table[role] = {"samples": len(mine), "positions": sum(lengths), "learnt_tokens": sum(learnt),
+                       "longest": max(lengths, default=0),
+                       "cut_share": round(sum(n > max_len for n in lengths) / max(1, len(mine)), 4),
+                       "learnt_lost": sum(learnt) - sum(kept),
+                       "cut_share_at_1536": round(sum(n > 1536 for n in lengths) / max(1, len(mine)), 4)}
+    return table
+
+
+def check_demonstrations(samples: list[Sample], recipe: WarmStartRecipe) -> None:
+    """Refuse, before any training, a recipe that would teach a role nothing: a role of
+    :data:`ROLES` with no demonstration (the expert delegates, writes rubrics and scores on the
+    recipe's tasks, so an empty role means the tasks asked for are missing), or one whose every
+    sample is longer than ``sft.max_len`` (each would be cut). The message names the role and
+    the setting."""
+    for role in ROLES:
+        lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples if s.role == role]
+        if not lengths:
+            raise UserInputError(f"the recipe's demonstrations hold no {role} sample: its tasks (demos: "
+                                 f"textcraft_worlds={recipe.demos.textcraft_worlds}, textworld_tasks="
+                                 f"{recipe.demos.textworld_tasks}, textworld_easy={recipe.demos.textworld_easy}) give none")
+        if min(lengths) > recipe.sft.max_len:
+            raise UserInputError(f"every {role} sample is longer than sft.max_len={recipe.sft.max_len} (the shortest has "
+                                 f"{min(lengths)} tokens), so each would be cut: raise sft.max_len")
+
+
+def prepared_demonstrations(recipe: WarmStartRecipe, tokenizer, *, progress: bool = False) -> tuple[list[Sample], dict, tuple[int, ...]]:
+    """The recipe's demonstrations (:func:`~sera_core.tiny.demos.demonstrations`), checked
+    (:func:`check_demonstrations`), with their table by benchmark and role
+    (:func:`demonstration_table`) in the statistics, and the cut marker's tokens."""
+    samples, stats = demonstrations(tokenizer, recipe.demos, progress=progress)
+    check_demonstrations(samples, recipe)
+    marker = tuple(tokenizer.encode(CUT_MARKER, add_special_tokens=False))
+    start = 0
+    for benchmark in BENCHMARKS:  # demonstrations() lists each benchmark's samples in turn
+        n = stats[benchmark]["samples"]
+        stats[benchmark]["by_role"] = demonstration_table(samples[start:start + n], recipe.sft.max_len, marker)
+        start += n
+    return samples, stats, marker
+
+
+def plan_build(recipe: WarmStartRecipe, *, base: str | os.PathLike | None = None, progress: bool = False) -> dict:
+    """What a build of ``recipe`` would train, without training (``sera tiny build --plan``):
+    the demonstrations' table, their positions and learnt tokens after the cut, and for a
+    packed recipe its optimizer steps."""
+    base = Path(base) if base is not None else base_model_folder()
+    samples, stats, marker = prepared_demonstrations(recipe, load_tokenizer(base), progress=progress)
+    lengths = [len(fit(s, recipe.sft.max_len, marker)[0]) for s in samples]
+    steps = len(packed_steps(lengths, recipe.sft)) if recipe.sft.tokens_per_step else recipe.sft.steps
+    return {"recipe_hash": recipe.config_hash(), "demonstrations": stats, "samples": len(samples),
+            "positions": sum(lengths), "steps": steps}
+
+
+def lora_model(model, lora: LoraSettings, seed: int, *, recompute: bool = True):
     """``model`` wrapped with a fresh LoRA adapter (initialised from ``seed``), with
-    gradient checkpointing through the frozen base."""
+    gradient checkpointing through the frozen base (``recompute``: the same gradient, about
+    a third more compute, far less memory: docs/embedded.md measures both)."""
     from peft import LoraConfig, get_peft_model
 
-    checkpoint_activations(model)
+    if recompute:
+        checkpoint_activations(model)
     torch.manual_seed(seed)
     return get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                                             target_modules=list(lora.targets), task_type="CAUSAL_LM"))
 
 
 def build_adapter(recipe: WarmStartRecipe, out: str | os.PathLike, *, base: str | os.PathLike | None = None,
-                  progress: bool = True, stop_after: int | None = None) -> dict | None:
+                  progress: bool = True, stop_after: int | None = None, recompute: bool = True) -> dict | None:
     """Run ``recipe`` on ``base`` (default: the embedded base model) into ``out``; return
-    the manifest (None when ``stop_after`` stopped the training early; a rerun resumes)."""
+    the manifest (None when ``stop_after`` stopped the training early; a rerun resumes).
+    ``recompute``: activation checkpointing (an operational choice: the same adapter)."""
     from transformers import AutoModelForCausalLM
 
     out = Path(out)
@@ -113,11 +205,12 @@ def build_adapter(recipe: WarmStartRecipe, out: str | os.PathLike, *, base: str 
     name = BASE_NAME if base is None else str(base)
     base = Path(base) if base is not None else base_model_folder()
     tokenizer = load_tokenizer(base)
-    samples, demo_stats = demonstrations(tokenizer, recipe.demos, progress=progress)
-    model = lora_model(AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32), recipe.lora, recipe.seed)
+    samples, demo_stats, marker = prepared_demonstrations(recipe, tokenizer, progress=progress)
+    model = lora_model(AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32), recipe.lora, recipe.seed,
+                       recompute=recompute)
     summary = train_sft(model, samples, recipe.sft, work / "sft", progress=progress, pad_id=tokenizer.pad_token_id,
-                        stop_after=stop_after)
-    if summary["steps"] < recipe.sft.steps:
+                        stop_after=stop_after, marker=marker)
+    if summary["steps"] < summary["total_steps"]:
         return None
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
@@ -131,7 +224,7 @@ def build_adapter(recipe: WarmStartRecipe, out: str | os.PathLike, *, base: str 
         "parameters": {"base": sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n),
                        "adapter": sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)},
         "build_seconds": round(time.perf_counter() - t0, 1), "machine": _machine(),
-        "demonstrations": demo_stats, "training": summary, "results": None,
+        "demonstrations": demo_stats, "demonstrations_sha256": samples_sha256(samples), "training": summary, "results": None,
     }
     write_manifest(tmp, manifest)
     swap_in(tmp, out)

@@ -54,10 +54,15 @@ from __future__ import annotations
 
 import csv
 import errno
+import gc
 import json
+import os
 import random
 import shutil
+import sys
 import time
+import traceback
+from contextlib import contextmanager
 from pathlib import Path
 from statistics import fmean, pstdev
 from typing import Any
@@ -135,6 +140,28 @@ class TimedPolicy:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.policy, name)
+
+
+@contextmanager
+def leave_on_failure():
+    """Run the block; in a process of a multi-process launch (``WORLD_SIZE`` > 1), an exception
+    from it ends the process at once: its traceback is printed, then ``os._exit(1)``.
+
+    Why: the other processes are waiting at a collective this one will never reach, and the
+    launcher (torchrun, ``accelerate launch``) stops them only once this process has exited.
+    An ordinary exit would first tear the process group down, which can wait for ever on a
+    collective still in flight, or on the GIL (:meth:`Trainer.close`); so the process leaves
+    without the interpreter's teardown, its output flushed. One process: the exception
+    propagates as usual."""
+    try:
+        yield
+    except BaseException:
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+            raise
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
 
 
 class Trainer:
@@ -428,15 +455,36 @@ class Trainer:
         return rows
 
     def close(self) -> None:
-        """End a multi-process run's process group in order, once no process needs it again:
-        every process waits for the others, then the group is destroyed. A process that exits
-        with its group still open leaves its communication threads to the interpreter's exit,
-        where one of them can abort the process (``terminate called without an active
-        exception``, SIGABRT) after its work is done, and the launcher then reports the run as
-        failed. One process: nothing to end."""
+        """End a multi-process run's process group in order, once no process needs it again,
+        so that no communication thread is left for the interpreter's exit. One process:
+        nothing to end.
+
+        Every process waits for the others (Accelerate's barrier), then a second barrier
+        drains the group; the DDP wrapper is dropped (its C++ ``Reducer`` holds the group);
+        then the group is destroyed, which joins gloo's worker threads while Python is still
+        whole. Why each step (found from a rank stuck at exit, ``py-spy dump``, 2026-12-07):
+
+        * gloo's worker thread frees a finished collective's work after its waiter has
+          returned, and that work can hold tensors that Python owns (those of
+          ``broadcast_object_list``, kept as the barrier's prior work); freeing them needs the
+          GIL. Whoever destroys the group joins that thread while holding the GIL: if the
+          thread is still freeing such a work, neither moves (a rank that never exits). A
+          second barrier cannot be queued until the worker has freed the first (it frees it
+          under the queue's lock, which the enqueue takes with the GIL released), and holds
+          no Python tensors itself.
+        * DDP's ``Reducer`` keeps the group alive after ``destroy_process_group``; left to
+          the interpreter's exit, the group's threads are torn down with the process, where
+          one aborted a rank (``terminate called without an active exception``, CI
+          2026-12-06) and one deadlocked as above. Dropped here, the group's last reference
+          goes with ``destroy_process_group`` and its threads end before this returns
+          (tests/test_distributed.py counts them)."""
         if self.accelerator.num_processes > 1 and torch.distributed.is_initialized():
             self.accelerator.wait_for_everyone()
+            torch.distributed.barrier()  # drains the first barrier's work (above)
+            self.model = self.accelerator.unwrap_model(self.model)
+            self.accelerator.free_memory()  # Accelerate's references to the wrapped model; collects
             self.accelerator.state.destroy_process_group()  # as Accelerator.end_training, without its trackers
+            gc.collect()
 
     # -- metrics -----------------------------------------------------------------------
     def _append_metrics(self, row: dict) -> None:

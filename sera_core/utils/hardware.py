@@ -3,6 +3,7 @@ natively (the ``auto`` precision of the trainer and of the vLLM engine)."""
 
 from __future__ import annotations
 
+import os
 import platform
 from pathlib import Path
 
@@ -48,3 +49,29 @@ def make_accelerator(precision: str, **kwargs):
     if state and state.get("_mixed_precision") != precision and PartialState().num_processes == 1:
         AcceleratorState._reset_state()  # as Accelerate's own test utilities and notebook launcher do
     return Accelerator(mixed_precision=precision, **kwargs)
+
+
+FLAGS_THAT_MATTER = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
+"""The CPU flags that choose the kernels and the precision of the workbook's runs."""
+
+
+def describe() -> dict:
+    """This machine as the workbook's numbers depend on it: the CPU model, which of
+    :data:`FLAGS_THAT_MATTER` it has, torch's kernel level (``torch.backends.cpu.get_cpu_capability``),
+    cores, and the precision ``auto`` chooses (bf16 where :func:`native_bf16`, else float32)."""
+    flags = (cpu_flags() or "").split()
+    try:
+        info = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        info = []
+    model = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), platform.processor())
+    bf16 = native_bf16()
+    return {"cpu": model, "cores": os.cpu_count(), "flags": {f: f in flags for f in FLAGS_THAT_MATTER},
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "cuda": torch.cuda.is_available(),
+            "native_bf16": bf16, "auto_precision": "bf16" if bf16 else "float32"}
+
+
+if __name__ == "__main__":  # python -m sera_core.utils.hardware: one JSON line (CI prints it before the tests)
+    import json
+
+    print(json.dumps(describe()))
