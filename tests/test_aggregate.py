@@ -175,3 +175,33 @@ def test_task_moves_reads_each_runs_flips_across_runs_most_often_moved_first():
     changes = {0: paired_change(before, after({0, 2, 3})), 1: paired_change(before, after({0, 1, 3}))}
     assert task_moves(changes) == {"t3": {0: "gained", 1: "gained"}, "t1": {0: "lost"}, "t2": {0: "gained"}}
     assert list(task_moves(changes)) == ["t3", "t1", "t2"]  # twice, then once by task id
+
+
+def test_student_t_quantiles_and_intervals_match_hand_computed_values():
+    """Quantiles against the table (t_{0.975, df}); the intervals of two numbers the README
+    gave with a normal 1.96 (issue 60): curve 1's three seeds and the guarded recipe's four."""
+    from sera_core.eval.aggregate import t_interval, t_quantile
+
+    for df, table in ((1, 12.7062), (2, 4.3027), (3, 3.1824), (5, 2.5706), (10, 2.2281), (30, 2.0423)):
+        assert t_quantile(0.975, df) == pytest.approx(table, abs=1e-4)
+    assert t_quantile(0.95, 4) == pytest.approx(2.1318, abs=1e-4)
+    assert t_quantile(0.975, 100000) == pytest.approx(1.95997, abs=1e-4)
+    curve1 = t_interval([0.720, 0.692, 0.765])
+    assert curve1["mean"] == pytest.approx(0.72567, abs=1e-5) and curve1["half"] == pytest.approx(0.0915, abs=5e-4)
+    guarded = t_interval([-0.020, 0.100, 0.080, 0.060])
+    assert (guarded["low"], guarded["high"]) == (pytest.approx(-0.0287, abs=5e-4), pytest.approx(0.1387, abs=5e-4))
+    assert t_interval([0.5])["half"] is None
+    with pytest.raises(ValueError):
+        t_quantile(0.4, 3)
+
+
+def test_mcnemar_exact_and_the_bootstrap_interval():
+    from sera_core.eval.aggregate import bootstrap_interval, mcnemar_exact
+
+    assert mcnemar_exact(5, 0) == pytest.approx(0.0625)  # a per-seed "+0.100" of 5 gained and 0 lost
+    assert mcnemar_exact(0, 0) == 1.0 and mcnemar_exact(3, 3) == 1.0
+    assert mcnemar_exact(7, 1) == pytest.approx(2 * (1 + 8) / 256)
+    values = [1.0] * 30 + [0.0] * 20
+    a, b = bootstrap_interval(values, reps=4000), bootstrap_interval(values, reps=4000)
+    assert a == b and a["mean"] == 0.6  # seeded: the same interval every time
+    assert a["low"] < 0.6 < a["high"] and a["high"] - a["low"] == pytest.approx(2 * 1.96 * (0.6 * 0.4 / 50) ** 0.5, rel=0.15)

@@ -239,3 +239,93 @@ def task_moves(changes: Mapping[Any, Mapping[str, Any]]) -> dict[str, dict[Any, 
             for task in change[f"{word}_tasks"]:
                 out.setdefault(task, {})[run] = word
     return dict(sorted(out.items(), key=lambda kv: (-len(kv[1]), kv[0])))
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function ``I_x(a, b)`` (Lentz's continued fraction,
+    accurate to about 1e-12 for the arguments :func:`t_quantile` gives it)."""
+    if x <= 0.0 or x >= 1.0:
+        return 0.0 if x <= 0.0 else 1.0
+    if x > (a + 1) / (a + b + 2):  # the continued fraction converges fast below this point
+        return 1.0 - _betainc(b, a, 1.0 - x)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    f = d
+    for m in range(1, 300):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            f *= c * d
+        if abs(c * d - 1.0) < 1e-15:
+            break
+    return front * f
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (``0.5 < p < 1``), by
+    bisection on its distribution function ``F(t) = 1 - I_{df / (df + t^2)}(df / 2, 1 / 2) / 2``
+    (``t >= 0``). ``t_quantile(0.975, 2) = 4.3027``; it tends to the normal 1.9600 as ``df`` grows."""
+    if not 0.5 < p < 1.0 or df < 1:
+        raise ValueError(f"t_quantile needs 0.5 < p < 1 and df >= 1, got p={p}, df={df}")
+    lo, hi = 0.0, 1.0
+    while 1.0 - 0.5 * _betainc(df / 2, 0.5, df / (df + hi * hi)) < p:
+        hi *= 2.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if 1.0 - 0.5 * _betainc(df / 2, 0.5, df / (df + mid * mid)) < p:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def t_interval(values: Iterable[float], level: float = 0.95) -> dict[str, float | int | None]:
+    """The mean of ``n`` values (seeds) and its Student's t interval: ``half = t_{(1 + level) / 2,
+    n - 1} * s / sqrt(n)`` with ``s`` the sample standard deviation (``n - 1``); ``low`` and
+    ``high`` its ends. One value: no interval (``half`` None). Over 3 seeds ``t`` is 4.30, not
+    the normal 1.96: a normal interval over a few seeds is about half as wide as it should be."""
+    xs = [float(v) for v in values]
+    if not xs:
+        raise ValueError("t_interval needs at least one value")
+    n, mean = len(xs), sum(xs) / len(xs)
+    if n == 1:
+        return {"n": 1, "mean": mean, "half": None, "low": None, "high": None, "level": level}
+    s = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
+    half = t_quantile((1 + level) / 2, n - 1) * s / math.sqrt(n)
+    return {"n": n, "mean": mean, "half": half, "low": mean - half, "high": mean + half, "level": level}
+
+
+def mcnemar_exact(gained: int, lost: int) -> float:
+    """The two-sided exact McNemar p-value of a paired success comparison: under "no change",
+    each of the ``gained + lost`` discordant tasks goes either way with probability 1/2, so
+    ``p = min(1, 2 * sum_{k <= min(gained, lost)} C(n, k) / 2^n)``. 5 gained and 0 lost:
+    p = 0.0625 (not significant at 5%); nothing discordant: 1."""
+    n = gained + lost
+    if min(gained, lost) < 0:
+        raise ValueError("gained and lost are counts >= 0")
+    if n == 0:
+        return 1.0
+    return min(1.0, 2 * sum(math.comb(n, k) for k in range(min(gained, lost) + 1)) / 2 ** n)
+
+
+def bootstrap_interval(values: Iterable[float], *, reps: int = 10000, level: float = 0.95, seed: int = 0) -> dict[str, float]:
+    """The mean of ``values`` (tasks or points of one run) and its percentile bootstrap
+    interval: ``reps`` resamples of the values with replacement (``random.Random(seed)``: the
+    same interval every time), the ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles of
+    their means."""
+    import random
+
+    xs = [float(v) for v in values]
+    if not xs:
+        raise ValueError("bootstrap_interval needs at least one value")
+    rng = random.Random(seed)
+    n = len(xs)
+    means = sorted(sum(rng.choices(xs, k=n)) / n for _ in range(reps))
+    cut = (1 - level) / 2
+    return {"mean": sum(xs) / n, "low": means[int(cut * (reps - 1))], "high": means[int(math.ceil((1 - cut) * (reps - 1)))],
+            "level": level, "reps": reps}
