@@ -162,6 +162,9 @@ HOSTILE = [
     ("1 << 10**12", "memory"),
     ("list(range(10**12))", "memory"),
     ("'a'.ljust(10**11)", "memory"),
+    ("s = 'x'\nwhile True:\n  s = s + s", "memory"),  # the doubling cell of issue 59: 14 s on a loaded machine
+    ("l = [0]\nwhile True:\n  l += l", "memory"),  # in place, on a list
+    ("b, t = b'x', (0,)\nfor _ in range(64):\n  b = b + b\n  t += t", "memory"),  # bytes and tuples together
     ("__import__('os')", "forbidden"),
     ("import os", "forbidden"),
     ("import subprocess as s", "forbidden"),
@@ -216,6 +219,29 @@ def test_wall_time_limit_catches_slow_ticks() -> None:
     r = ex.run("while True:\n    sorted(range(10**5))")
     assert r.error_kind == "timeout" and "time limit" in r.error
     assert time.perf_counter() - start < 1.5
+
+
+def test_addition_is_capped_like_multiplication_and_keeps_its_meaning() -> None:
+    """``+`` and ``+=`` on str, bytes, list and tuple past the length limit raise the sandbox's
+    MemoryError at once; below it they do what Python does (a list's ``+=`` stays in place;
+    numbers and mixed types are untouched)."""
+    ex = SandboxExecutor({}, SandboxLimits(max_sequence_len=10))
+    r = ex.run("l = [1] * 6\nalias = l\nl += [2]\n(l is alias, l + [3], 'ab' + 'c', b'a' + b'b', (1,) + (2,), 1 + 2.5, [1] + [2] * 2)")
+    assert r.error is None and r.output == "(True, [1, 1, 1, 1, 1, 1, 2, 3], 'abc', b'ab', (1, 2), 3.5, [1, 2, 2])"
+    for cell in ("'abcdef' + 'ghijk'", "t = tuple(range(6))\nt += t", "b'abcdef' + b'ghijk'", "l = [0] * 6\nl = l + l"):
+        r = ex.run(cell)
+        assert r.error_kind == "memory" and "exceed the limit of 10 items" in r.error, cell
+    assert ex.run("'a' + 1").error_kind == "runtime"  # Python's own TypeError, as before
+
+
+def test_a_doubling_cell_ends_within_its_time_limit_on_a_busy_machine() -> None:
+    """The doubling cell, with the default limits (5 s, 10 M items): it stops at the length cap,
+    in well under the time limit, where it used to run to the memory limit."""
+    ex = SandboxExecutor({}, SandboxLimits())
+    start = time.perf_counter()
+    r = ex.run("s = 'x'\nwhile True:\n  s = s + s")
+    assert r.error_kind == "memory" and "str + str" in r.error
+    assert time.perf_counter() - start < 1.5 * SandboxLimits().time_limit_s
 
 
 def test_tick_budget_is_deterministic() -> None:

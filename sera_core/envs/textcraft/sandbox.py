@@ -37,9 +37,13 @@ Mechanisms
   raises again.  ``map``/``filter``/``zip``/``enumerate`` are ticking
   generators (so C callables mapped over long inputs are counted too) and
   ``iter`` refuses the endless ``iter(callable, sentinel)`` form.
-* **Size guards**: ``*``, ``**``, ``<<`` (and ``*=``, ``**=``, ``<<=``) and the
-  ``pow``/``range`` builtins pre-check the size of int and sequence results
-  (``max_int_bits``, ``max_sequence_len``) before computing them.
+* **Size guards**: ``*``, ``**``, ``<<``, ``+`` (and ``*=``, ``**=``, ``<<=``, ``+=``)
+  and the ``pow``/``range`` builtins pre-check the size of int and sequence results
+  (``max_int_bits``, ``max_sequence_len``) before computing them. ``+`` on two
+  sequences doubles one in a single operation (``s = s + s``), which no tick
+  interrupts: uncapped, a doubling cell ran 14 s against a 5 s time limit before the
+  memory window stopped it; capped, it stops at the length limit in well under a
+  second.
 * **Memory window**: while the cell's own code runs, the soft ``RLIMIT_AS`` is
   lowered to the current virtual size plus ``memory_limit_mb`` (Linux), so an
   allocation that slips past the guards (``'a'.ljust(10**11)``) raises
@@ -158,8 +162,8 @@ class SandboxTimeout(BaseException):
 
 _CELL = "<cell>"
 _TICK, _ECHO, _OBJ, _KEY = "_sbx_tick", "_sbx_echo", "_sbx_obj", "_sbx_key"
-_BIN_GUARDS = {ast.Mult: "_sbx_mul", ast.Pow: "_sbx_pow", ast.LShift: "_sbx_lshift"}
-_AUG_GUARDS = {ast.Mult: "_sbx_imul", ast.Pow: "_sbx_ipow", ast.LShift: "_sbx_ilshift"}
+_BIN_GUARDS = {ast.Mult: "_sbx_mul", ast.Pow: "_sbx_pow", ast.LShift: "_sbx_lshift", ast.Add: "_sbx_add"}
+_AUG_GUARDS = {ast.Mult: "_sbx_imul", ast.Pow: "_sbx_ipow", ast.LShift: "_sbx_ilshift", ast.Add: "_sbx_iadd"}
 _DENIED_ATTRS = frozenset(
     "gi_frame gi_code gi_yieldfrom cr_frame cr_code cr_await ag_frame ag_code ag_await "
     "f_globals f_locals f_builtins f_back f_code f_trace tb_frame tb_next co_code mro "
@@ -717,6 +721,13 @@ class SandboxExecutor:
             elif isinstance(a, _SEQUENCES) and isinstance(b, int) and len(a) * b > max_len:
                 raise too_large(f"{type(a).__name__} * int", "items")
 
+        def check_add(a: Any, b: Any) -> None:
+            # `s = s + s` doubles a sequence in one operation, which no tick interrupts: capped
+            # like `*`, so a doubling cell stops at the length limit instead of at the memory
+            # limit (14 s against a 5 s time limit on a loaded machine, issue 59)
+            if isinstance(a, _SEQUENCES) and isinstance(b, _SEQUENCES) and len(a) + len(b) > max_len:
+                raise too_large(f"{type(a).__name__} + {type(b).__name__}", "items")
+
         def check_pow(a: Any, b: Any) -> None:
             if isinstance(a, int) and isinstance(b, int) and b > 1 and abs(a) > 1:
                 if b > max_bits or b * math.log2(abs(a)) > max_bits:
@@ -733,6 +744,15 @@ class SandboxExecutor:
         def imul(a: Any, b: Any) -> Any:
             check_mul(a, b)
             a *= b
+            return a
+
+        def add(a: Any, b: Any) -> Any:
+            check_add(a, b)
+            return a + b
+
+        def iadd(a: Any, b: Any) -> Any:
+            check_add(a, b)
+            a += b
             return a
 
         def power(a: Any, b: Any) -> Any:
@@ -824,7 +844,9 @@ class SandboxExecutor:
             _BIN_GUARDS[ast.Mult]: mul,
             _BIN_GUARDS[ast.Pow]: power,
             _BIN_GUARDS[ast.LShift]: lshift,
+            _BIN_GUARDS[ast.Add]: add,
             _AUG_GUARDS[ast.Mult]: imul,
+            _AUG_GUARDS[ast.Add]: iadd,
             _AUG_GUARDS[ast.Pow]: ipower,
             _AUG_GUARDS[ast.LShift]: ilshift,
         }
