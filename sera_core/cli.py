@@ -40,6 +40,7 @@ import argparse
 import contextlib
 import hashlib
 import json
+import os
 import sys
 import time
 import traceback
@@ -515,7 +516,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+QUIET_VLLM = "ERROR"
+"""vLLM's log level under the ``sera`` command unless ``VLLM_LOGGING_LEVEL`` is set (as in the
+notebooks, ``course.setup``): its INFO lines (engine arguments, memory, compile notes) would bury
+the command's own output. ``VLLM_LOGGING_LEVEL=INFO sera ...`` shows them."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", QUIET_VLLM)  # read when vLLM is first imported, after this
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -232,3 +232,18 @@ def test_an_external_writer_needs_an_endpoint(tmp_path, capsys):
     assert main(["rollout", "--env", "textworld", "--tasks", str(tasks), "--scorer", "external",
                  "--out", str(tmp_path / "run")]) == 2
     assert "--external-url" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
+
+
+def test_the_command_keeps_vllm_to_errors_unless_the_environment_says_otherwise(tmp_path, monkeypatch):
+    """``sera`` sets ``VLLM_LOGGING_LEVEL=ERROR`` before vLLM is imported (its INFO lines would
+    bury the command's output, as in the notebooks); a level the user set is kept."""
+    import os
+
+    from sera_core.cli import QUIET_VLLM, main
+
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    assert main(["tasks", "--env", "textcraft", "--split", "val", "--limit", "1", "--out", str(tmp_path / "a.jsonl")]) == 0
+    assert os.environ["VLLM_LOGGING_LEVEL"] == QUIET_VLLM == "ERROR"
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "INFO")
+    assert main(["tasks", "--env", "textcraft", "--split", "val", "--limit", "1", "--out", str(tmp_path / "b.jsonl")]) == 0
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "INFO"
