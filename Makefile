@@ -38,11 +38,8 @@ demo: setup  ## Main job on the embedded default: both benchmarks solved by the 
 
 # The tests and the notebooks (nbval, smoke setting) in one pytest run on 2 workers, one core each; a
 # worker runs a whole file at a time (--dist loadfile), so a notebook's cells stay in order in one kernel.
-# The slowest files are named first so that they start first (a worker that starts one last is the run's tail).
-SLOW_FIRST := tests/test_rubric_stage.py tests/test_vllm_backend.py tests/test_distributed.py
 TESTS := SERA_SMOKE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile --durations=25 \
-  --nbval-lax --nbval-sanitize-with notebooks/nbval_sanitize.cfg \
-  $(SLOW_FIRST) $(filter-out $(SLOW_FIRST),$(sort $(wildcard tests/test_*.py))) notebooks
+  --nbval-lax --nbval-sanitize-with notebooks/nbval_sanitize.cfg tests notebooks
 test: setup  ## Run the tests: pytest and every notebook with nbval, on 2 workers (prints the machine first)
 	@echo "machine: $$($(BIN)/python -m sera_core.utils.hardware)"
 	$(TESTS)
