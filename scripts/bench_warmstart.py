@@ -39,7 +39,7 @@ from bench_generation import roofline  # noqa: E402
 
 from sera_core.policy.base_model import base_model_folder, load_tokenizer  # noqa: E402
 from sera_core.tiny.demos import demonstrations  # noqa: E402
-from sera_core.tiny.sft import IGNORE, SFTConfig, batch_indices, build_batch, chunked_sft_loss, fit, packed_steps  # noqa: E402
+from sera_core.tiny.sft import IGNORE, SFTConfig, batch_indices, build_batch, fit, packed_steps, step_backward  # noqa: E402
 from sera_core.tiny.warmstart import CUT_MARKER, EPOCH_WARMSTART, lora_model  # noqa: E402
 from sera_core.utils.hardware import describe, make_accelerator  # noqa: E402
 
@@ -66,16 +66,12 @@ def time_steps(model, steps: list[list[dict]], precision: str) -> tuple[float, i
     seconds, positions, flops = [], 0, 0.0
     for k, parts in enumerate(steps):
         t0 = time.perf_counter()
-        weight = sum(float((b["weights"][:, None] * (b["labels"][:, 1:] != IGNORE)).sum()) for b in parts) or 1.0
-        for b in parts:
-            with accelerator.autocast():
-                loss = chunked_sft_loss(model, b, total_weight=weight)
-            loss.backward()
+        _, _, n_positions = step_backward(model, parts, accelerator)  # the build's own step
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if k:  # the first step warms the allocator and the kernels
             seconds.append(time.perf_counter() - t0)
-            positions += sum(int(b["attention_mask"].sum()) for b in parts)
+            positions += n_positions
             flops += useful_flops(model, parts)
     return sum(seconds) / len(seconds), positions, flops / sum(seconds)
 

@@ -279,8 +279,10 @@ def test_packed_epochs_see_every_sample_once_in_steps_that_fit():
 
 def test_a_packed_step_has_the_padded_batch_gradient(data):
     """The samples of a packed step run one by one, unpadded, each with its share of the step's
-    loss: the summed gradient equals that of the same samples as one padded batch."""
-    from sera_core.tiny.sft import chunked_sft_loss
+    loss (:func:`step_backward`): the summed gradient equals that of the same samples as one
+    padded batch."""
+    from sera_core.tiny.sft import chunked_sft_loss, step_backward
+    from sera_core.utils.hardware import make_accelerator
 
     tok, samples = data
     picked = [samples[3], Sample(samples[7].prompt_ids, samples[7].completion_ids, weight=2.0), samples[11]]
@@ -290,9 +292,8 @@ def test_a_packed_step_has_the_padded_batch_gradient(data):
     padded = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     parts = [build_batch([s], pad_id=tok.pad_token_id, max_len=64) for s in picked]
-    weight = sum(float(b["weights"][0]) * int((b["labels"][:, 1:] != IGNORE).sum()) for b in parts)
-    for b in parts:
-        chunked_sft_loss(model, b, total_weight=weight).backward()
+    _, tokens, positions = step_backward(model, parts, make_accelerator("no"))
+    assert tokens == int((batch["labels"][:, 1:] != IGNORE).sum()) and positions == int(batch["attention_mask"].sum())
     for a, b in zip(padded, (p.grad for p in model.parameters()), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
 

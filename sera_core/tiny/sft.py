@@ -300,6 +300,25 @@ def chunked_sft_loss(model, batch: dict[str, torch.Tensor], chunk: int = 1024,
     return total / (w.sum().clamp_min(torch.finfo(w.dtype).tiny) if total_weight is None else total_weight)
 
 
+def step_backward(model, parts: Sequence[dict[str, torch.Tensor]], accelerator) -> tuple[float, int, int]:
+    """Run one optimizer step's batches (``parts``: :func:`build_batch` outputs) forward and
+    backward under ``accelerator``; return the step's loss, learnt tokens and positions
+    (padding excluded). One part is a padded batch, its loss the batch's own weighted mean;
+    several are a packed step's samples, each unpadded, each backpropagating its share of the
+    weighted mean over all their tokens (``total_weight``: the step's ``sum_i w_i n_i``), so the
+    gradients add up to the packed row's."""
+    learnt = [int((b["labels"][:, 1:] != IGNORE).sum()) for b in parts]
+    weight = None if len(parts) == 1 else (sum(float(b["weights"][0]) * n for b, n in zip(parts, learnt, strict=True)) or 1.0)
+    value = 0.0
+    for batch in parts:
+        batch = {k: v.to(accelerator.device) for k, v in batch.items()}
+        with accelerator.autocast():
+            loss = chunked_sft_loss(model, batch, total_weight=weight)
+        accelerator.backward(loss)
+        value += loss.item()
+    return value, sum(learnt), sum(int(b["attention_mask"].sum()) for b in parts)
+
+
 def lr_factor(t: int, cfg: SFTConfig, steps: int | None = None) -> float:
     """Multiplier of ``cfg.lr`` at optimizer step ``t`` (0-based) of ``steps`` (default
     ``cfg.steps``): linear warm-up, then cosine."""
@@ -431,19 +450,9 @@ def train_sft(model, samples: Sequence[Sample], cfg: SFTConfig, out_dir: str | o
         torch.manual_seed(derive_seed(cfg.seed, "torch", s) % 2**31)
         if plan is None:  # one padded batch
             parts = [build_batch([samples[i] for i in batch_indices(order, s, cfg)], pad_id, cfg.max_len, marker)]
-            weight = None
-        else:  # whole samples, each unpadded; the step's loss is the weighted mean over all their tokens
+        else:  # whole samples, each unpadded
             parts = [build_batch([samples[i]], pad_id, cfg.max_len, marker) for i in plan[s]]
-            weight = sum(float(b["weights"][0]) * int((b["labels"][:, 1:] != IGNORE).sum()) for b in parts) or 1.0
-        value, n_tokens, n_positions = 0.0, 0, 0
-        for batch in parts:
-            n_tokens += int((batch["labels"][:, 1:] != IGNORE).sum())
-            n_positions += int(batch["attention_mask"].sum())
-            batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-            with accelerator.autocast():
-                loss = chunked_sft_loss(model, batch, total_weight=weight)
-            accelerator.backward(loss)
-            value += loss.item()
+        value, n_tokens, n_positions = step_backward(model, parts, accelerator)
         accelerator.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
         lr = scheduler.get_last_lr()[0]
