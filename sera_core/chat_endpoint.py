@@ -10,11 +10,26 @@ Two parts of the workbook talk to a model behind such an endpoint, each through 
 * the external rubric writer / scorer of the Table 3 ablations
   (:class:`sera_core.agents.actors.ExternalChatActor`, key in ``$SERA_EXTERNAL_API_KEY``).
 
-:meth:`ChatEndpoint.chat` sends ``POST {base_url}/chat/completions`` with the model, the
-messages, the temperature and the completion budget, and never raises: every outcome is a
-:class:`ChatReply`. Connection errors, timeouts, HTTP 429 and 5xx are retried with
-exponential backoff; other 4xx are not. A reply whose body is not JSON, or holds no message
-content, is an answer without content (not retried).
+The requests go through the official ``openai`` client (``client.chat.completions`` with its
+raw response): :meth:`ChatEndpoint.chat` sends ``POST {base_url}/chat/completions`` with the
+model, the messages, the temperature and the completion budget (``max_tokens``), and never
+raises: every outcome is a :class:`ChatReply`. Connection errors, timeouts, HTTP 429 and 5xx
+are retried with exponential backoff; other 4xx are not. A reply whose body is not JSON, or
+holds no message content, is an answer without content (not retried).
+
+The retries are this module's, not openai's: the client is built with ``max_retries=0`` and
+:class:`ChatEndpoint` retries over openai's typed exceptions (``APIConnectionError``, which
+``APITimeoutError`` is, ``RateLimitError``, ``InternalServerError``; any other
+``APIStatusError`` ends the call). openai's own retries would wait on its own schedule
+(0.5 s doubling up to 8 s, jittered, or the server's ``Retry-After``) instead of
+``backoff_s * 2**(k-1)``, retry 408 and 409 as well, and hide the attempts inside one call;
+here each attempt is one HTTP request, counted in ``requests``, and the waits go through the
+``sleep`` the endpoint was given.
+
+The key is not the client's: the client holds a placeholder (openai refuses to start without
+one, and ignores ``$OPENAI_API_KEY`` once given one), and every request names its own
+``Authorization`` header, ``Bearer <key>`` from the environment at that moment, or omitted
+when there is no key.
 
 Tokens are the endpoint's ``usage.prompt_tokens`` / ``usage.completion_tokens``; when it
 omits them (or a field of them) they are *estimated* as ``len(text) // 4`` of the
@@ -30,17 +45,16 @@ requests sent) and ``input_tokens`` / ``output_tokens``.
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
 import os
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+import openai
 
 __all__ = ["ChatEndpoint", "ChatEndpointConfig", "ChatReply", "EndpointStats"]
 
@@ -58,10 +72,11 @@ class ChatEndpointConfig:
     key itself is never stored in the config or written to logs). None, unset or empty: no
     Authorization header."""
     timeout_s: float = 60.0
-    """Socket timeout of one HTTP request, in seconds."""
+    """Timeout of one HTTP request, in seconds (openai's ``timeout``: for connecting, each
+    read and write, and waiting for a pooled connection)."""
     max_retries: int = 4
     """Retries after the first attempt, on connection errors, timeouts, HTTP 429 and 5xx
-    (other 4xx are not retried)."""
+    (other 4xx are not retried); run by :class:`ChatEndpoint`, openai's own are off."""
     backoff_s: float = 1.0
     """Exponential backoff base: the k-th retry waits ``backoff_s * 2**(k-1)`` seconds."""
     temperature: float = 0.0
@@ -121,10 +136,43 @@ class EndpointStats:
 
 
 class _RequestError(Exception):
+    """A request that ended without an answer (an HTTP error status, a timeout, a broken
+    connection): ``retryable`` or not, after ``attempts`` attempts."""
+
     def __init__(self, message: str, retryable: bool):
         super().__init__(message)
         self.retryable = retryable
         self.attempts = 1
+
+
+_PLACEHOLDER_KEY = "unused: each request names its own Authorization header"
+"""The openai client's ``api_key`` (it needs one); never sent."""
+
+_RETRYABLE = (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError)
+"""openai's exceptions for connection errors and timeouts, HTTP 429, HTTP 5xx."""
+
+
+def _request_error(exc: openai.APIStatusError | openai.APIConnectionError) -> _RequestError:
+    """The :class:`_RequestError` of one failed openai request: ``HTTP <code> <reason>: <body>``
+    for an error status, ``timeout: ...`` or ``connection error: ...`` for no response."""
+    retryable = isinstance(exc, _RETRYABLE)
+    if isinstance(exc, openai.APIStatusError):
+        response = exc.response
+        message = f"HTTP {response.status_code} {response.reason_phrase}: {response.text[:200]}".rstrip(": ")
+    else:
+        kind = "timeout" if isinstance(exc, openai.APITimeoutError) else "connection error"
+        message = f"{kind}: {exc.__cause__ or exc}"
+    return _RequestError(message, retryable)
+
+
+def _decode(raw: bytes) -> dict[str, Any]:
+    """The JSON object in a reply's body; a body that is not one becomes an object without
+    choices (``{"_raw": <its start>}``)."""
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return {"_raw": raw[:300].decode("utf-8", "replace")}
+    return data if isinstance(data, dict) else {"_raw": str(data)[:300]}
 
 
 def _tokens(counted: Any, text: str | None) -> int:
@@ -154,6 +202,9 @@ class ChatEndpoint:
         self._lock = threading.Lock()
         self._cache: dict[str, dict[str, Any]] = {}
         self._cache_needs_newline = False
+        client = openai.OpenAI(base_url=config.base_url, api_key=_PLACEHOLDER_KEY, max_retries=0,
+                               timeout=config.timeout_s)
+        self._completions = client.chat.completions.with_raw_response
         if config.cache_path:
             self._load_cache(Path(config.cache_path))
 
@@ -245,27 +296,25 @@ class ChatEndpoint:
             self._cache_needs_newline = False
 
     # -- HTTP ---------------------------------------------------------------------------------
-    def _headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    def _authorization(self) -> dict[str, str | openai.Omit]:
+        """The ``Authorization`` header of a request: ``Bearer <key>`` with the key in the
+        environment now, else omitted."""
         key = os.environ.get(self.config.api_key_env) if self.config.api_key_env else None
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        return headers
+        return {"Authorization": f"Bearer {key}" if key else openai.omit}
 
     def _post_with_retries(self, messages: list[dict[str, str]], temperature: float | None,
                            max_tokens: int | None) -> tuple[dict[str, Any], int]:
         """``(response, attempts)``: the first answer after at most ``max_retries`` retries of
         retryable failures; raises :class:`_RequestError` (with its ``attempts``) otherwise."""
         cfg = self.config
-        body = json.dumps({"model": cfg.model, "messages": messages,
-                           "temperature": cfg.temperature if temperature is None else temperature,
-                           "max_tokens": cfg.max_tokens if max_tokens is None else max_tokens}).encode("utf-8")
-        url = cfg.base_url.rstrip("/") + "/chat/completions"
+        body = {"model": cfg.model, "messages": messages,
+                "temperature": cfg.temperature if temperature is None else temperature,
+                "max_tokens": cfg.max_tokens if max_tokens is None else max_tokens}
         attempts = 0
         while True:
             attempts += 1
             try:
-                return self._post_once(url, body), attempts
+                return self._post_once(body), attempts
             except _RequestError as exc:
                 if not exc.retryable or attempts > cfg.max_retries:
                     exc.attempts = attempts
@@ -274,29 +323,12 @@ class ChatEndpoint:
                     raise
             self._sleep(cfg.backoff_s * 2 ** (attempts - 1))
 
-    def _post_once(self, url: str, body: bytes) -> dict[str, Any]:
-        """The decoded JSON object of one POST (a body that is not a JSON object becomes one
-        without choices); raises :class:`_RequestError` on an HTTP error, timeout or broken
-        connection."""
-        request = urllib.request.Request(url, data=body, headers=self._headers(), method="POST")
+    def _post_once(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The decoded JSON object (see :func:`_decode`) of one request of ``body`` (one HTTP
+        request: the client does not retry); raises :class:`_RequestError` on an HTTP error
+        status, a timeout or a broken connection."""
         try:
-            with urllib.request.urlopen(request, timeout=self.config.timeout_s) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as exc:
-            try:
-                detail = exc.read().decode("utf-8", errors="replace")[:200]
-            except Exception:  # noqa: BLE001 - the body is only for the message
-                detail = ""
-            retryable = exc.code == 429 or exc.code >= 500
-            raise _RequestError(f"HTTP {exc.code} {exc.reason}: {detail}".rstrip(": "), retryable) from None
-        except urllib.error.URLError as exc:
-            kind = "timeout" if isinstance(exc.reason, TimeoutError) else "connection error"
-            raise _RequestError(f"{kind}: {exc.reason}", True) from None
-        except (TimeoutError, OSError, http.client.HTTPException) as exc:
-            kind = "timeout" if isinstance(exc, TimeoutError) else "connection error"
-            raise _RequestError(f"{kind}: {exc or type(exc).__name__}", True) from None
-        try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return {"_raw": raw[:300].decode("utf-8", "replace")}
-        return data if isinstance(data, dict) else {"_raw": str(data)[:300]}
+            response = self._completions.create(**body, extra_headers=self._authorization())
+        except (openai.APIStatusError, openai.APIConnectionError) as exc:
+            raise _request_error(exc) from None
+        return _decode(response.content)

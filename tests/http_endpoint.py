@@ -34,8 +34,10 @@ class Endpoint:
             def do_POST(self):
                 raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 with endpoint.lock:
-                    endpoint.received.append({"path": self.path, "headers": dict(self.headers),
-                                              "body": json.loads(raw)})
+                    # the headers as received (an email.message.Message): names are looked up
+                    # case-insensitively, as HTTP has them (httpx, under openai, sends them in
+                    # lower case)
+                    endpoint.received.append({"path": self.path, "headers": self.headers, "body": json.loads(raw)})
                     status, body, delay = endpoint.script.popleft() if endpoint.script else (200, GOOD, 0.0)
                 time.sleep(delay)
                 data = body if isinstance(body, bytes) else json.dumps(body).encode()

@@ -57,6 +57,22 @@ def test_a_reply_the_request_sent_and_the_key(endpoint, client, monkeypatch):
     assert chat.stats_snapshot() == chat.stats.as_dict()
 
 
+def test_through_openai_no_ambient_key_and_no_retries_of_its_own(endpoint, client, monkeypatch):
+    """The request goes through the openai client: the same path under a base URL with a
+    trailing slash, no key from openai's own ``$OPENAI_API_KEY`` (nor the client's placeholder),
+    and only the endpoint's retries (openai's own would retry a 408)."""
+    monkeypatch.delenv("SERA_TEST_ENDPOINT_KEY", raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", "ambient-key")
+    endpoint.push(408, {"error": "request timeout"})
+    chat = client(base_url=endpoint.url + "/")
+    reply = chat.chat(HELLO)
+    assert not reply.answered and reply.error.startswith("HTTP 408") and reply.requests == 1
+    assert endpoint.count == 1 and client.sleeps == []
+    req = endpoint.received[0]
+    assert req["path"] == "/v1/chat/completions" and "Authorization" not in req["headers"]
+    assert req["headers"]["User-Agent"].startswith("OpenAI/Python")
+
+
 def test_missing_usage_is_estimated(endpoint, client):
     content = "r" * 41
     endpoint.push(body=completion(content, usage=None))

@@ -193,7 +193,10 @@ def test_fsdp2_checkpoints_gather_and_resume_on_cpu(tmp_path):
 
 def test_the_gpu_check_builds_its_model_and_configs_without_a_gpu(tmp_path):
     """``make gpu-check`` with ``--dry-run``: the stand-in Qwen3 is built, both config files
-    are valid (the training config loads; the FSDP file is the shipped one cut to 1 process)."""
+    are valid (the training config loads; the FSDP file is the shipped one cut to 1 process),
+    ``vllm.EngineArgs`` takes the CUDA multi-process settings (external launcher, sleep mode,
+    bfloat16, the weight loader with its three methods) and the FSDP plan wraps a layer the
+    model has; the verdict lists both checks ok. Without CUDA the real check refuses in one line."""
     import yaml
 
     done = subprocess.run([sys.executable, "scripts/gpu_check.py", "--out", str(tmp_path), "--dry-run"],
@@ -208,3 +211,12 @@ def test_the_gpu_check_builds_its_model_and_configs_without_a_gpu(tmp_path):
     cfg = load_config(tmp_path / "train.yaml")
     assert cfg.backend == "vllm" and cfg.total_updates == 2 and cfg.model == str((tmp_path / "model").resolve())
     assert (tmp_path / "model" / "config.json").exists()
+    assert report["verdict"] == "ok" and [c["name"] for c in report["checks"]] == ["engine_arguments", "fsdp_plan"]
+    engine = report["checks"][0]["numbers"]
+    assert engine["distributed_executor_backend"] == "external_launcher" and engine["enable_sleep_mode"] is True
+    assert engine["dtype"] == "bfloat16" and engine["kv_cache_memory_bytes"] is None
+    if torch.cuda.is_available():
+        return  # a GPU machine runs the check itself, not its refusal
+    refused = subprocess.run([sys.executable, "scripts/gpu_check.py", "--out", str(tmp_path / "real")],
+                             capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[1])
+    assert refused.returncode == 2 and refused.stdout.startswith("gpu-check refused: ") and len(refused.stdout.splitlines()) == 1

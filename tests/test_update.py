@@ -260,3 +260,76 @@ def test_one_small_step_raises_the_advantage_weighted_logprob_the_update_measure
     optimizer.step()
     model.zero_grad(set_to_none=True)
     assert advantage_weighted_logprob(rescored(model, rows, pad_id=0)) > stats["logprob_weighted_mean"]
+
+
+def _bf16_engine_rows(model, spec, advantage: float):
+    """Rows whose old logprobs come from a bfloat16 copy of ``model`` (a bf16 rollout engine
+    beside a float32 trainer: the gap the GPU check measures), and those logprobs per row."""
+    import copy
+
+    engine = copy.deepcopy(model).to(torch.bfloat16)
+    rows = []
+    for ids, trained in spec:
+        with torch.no_grad():
+            lp = sequence_logprobs(engine, torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long))[0].tolist()
+        old = [0.0] + lp
+        rows.append(TokenRow(ids, trained, tuple(o if t else 0.0 for o, t in zip(old, trained, strict=True)),
+                             tuple(advantage if t else 0.0 for t in trained)))
+    return rows
+
+
+def _gradient(model, loss_fn) -> torch.Tensor:
+    model.zero_grad()
+    loss_fn()
+    out = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    model.zero_grad()
+    return out
+
+
+def test_the_engine_trainer_gap_is_measured_and_pi_old_from_the_trainer_corrects_it_by_truncated_is(model_and_rows):
+    """A bfloat16 engine's logprobs against the float32 trainer: ``logprob_gap`` is the token
+    mean of ``|log pi_trainer - log pi_engine|``; ``pi_old: engine`` puts the gap into CISPO's
+    ratio; ``pi_old: trainer`` makes the ratio 1 and scales each advantage by
+    ``min(pi_trainer / pi_engine, tis_cap)`` (the gradient equals the hand-written one), or by
+    nothing without a cap."""
+    model, spec = model_and_rows
+    rows = _bf16_engine_rows(model, spec, 0.7)
+    n = sum(r.tokens for r in rows)
+    trainer_lp, engine_lp = [], []
+    for r in rows:
+        lp = sequence_logprobs(model, torch.tensor([r.ids]), torch.ones(1, len(r.ids), dtype=torch.long))[0]
+        keep = torch.tensor(r.trained[1:])
+        trainer_lp.append(lp[keep])
+        engine_lp.append(torch.tensor(r.old_logprobs[1:])[keep])
+    diff = torch.cat(trainer_lp).detach() - torch.cat(engine_lp)
+    assert float(diff.abs().mean()) > 1e-4  # bfloat16 arithmetic: a real gap (float32 copies: about 1e-7)
+
+    def run(**kw):
+        return loss_and_backward(model, rows, pad_id=0, total_tokens=n, micro_batch_tokens=64, **kw)
+
+    stats = {}
+    grads = {name: _gradient(model, lambda kw=kw, name=name: stats.__setitem__(name, run(**kw)))
+             for name, kw in {"engine": {}, "trainer_tis": {"pi_old": "trainer", "tis_cap": 1.0},
+                              "trainer_plain": {"pi_old": "trainer", "tis_cap": None}}.items()}
+    for s in stats.values():
+        assert s["logprob_gap"] == pytest.approx(float(diff.abs().mean()), abs=1e-6)  # batching: float32 rounding
+    assert stats["engine"]["ratio_mean"] == pytest.approx(float(diff.exp().mean()), rel=1e-5)
+    assert stats["trainer_tis"]["ratio_mean"] == stats["trainer_plain"]["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert stats["trainer_tis"]["clip_fraction_high"] == stats["trainer_tis"]["clip_fraction_low"] == 0.0
+
+    def reference(weight):
+        lp = torch.cat([sequence_logprobs(model, torch.tensor([r.ids]), torch.ones(1, len(r.ids), dtype=torch.long))[0]
+                        [torch.tensor(r.trained[1:])] for r in rows])
+        (-(weight * 0.7 * lp).sum() / n).backward()
+
+    truncated = diff.exp().clamp(max=1.0)
+    assert 0 < int((truncated < 1).sum()) < len(diff)  # the cap binds on some tokens, not all
+    torch.testing.assert_close(grads["trainer_tis"], _gradient(model, lambda: reference(truncated)), rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(grads["trainer_plain"], _gradient(model, lambda: reference(torch.ones_like(diff))),
+                               rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(grads["engine"], _gradient(model, lambda: reference(diff.exp().clamp(0.0, 5.0))),
+                               rtol=1e-4, atol=1e-7)
+    for a, b in (("trainer_tis", "trainer_plain"), ("engine", "trainer_plain")):  # the checks can tell them apart
+        assert not torch.allclose(grads[a], grads[b], rtol=1e-4, atol=1e-7), (a, b)
+    with pytest.raises(ValueError, match="pi_old"):
+        run(pi_old="sampler")

@@ -235,6 +235,74 @@ def test_a_weight_push_reaches_the_engine_tied_embedding_included(engine, hf):
     assert after.token_ids == before.token_ids and after.logprobs == before.logprobs
 
 
+class RecordingLLM:
+    """The real ``vllm.LLM`` with its sleep and wake calls recorded instead of run (on CPU
+    vLLM's sleep mode is a no-op, so a GPU's call order is checked by recording it), and its
+    weight pushes and prefix-cache resets recorded and run."""
+
+    def __init__(self, llm, calls: list):
+        self.llm, self.calls = llm, calls
+
+    def sleep(self, level: int = 1):
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags=None):
+        self.calls.append(("wake_up", tags))
+
+    def collective_rpc(self, method, args=()):
+        import inspect
+
+        self.calls.append(("collective_rpc", method, "streamed" if inspect.isgenerator(args[0]) else type(args[0]).__name__))
+        return self.llm.collective_rpc(method, args=args)
+
+    def reset_prefix_cache(self):
+        self.calls.append(("reset_prefix_cache",))
+        return self.llm.reset_prefix_cache()
+
+
+def test_an_update_sleeps_at_level_2_and_the_push_wakes_weights_then_kv_cache(engine, hf, monkeypatch):
+    """The GPU order around an update, recorded on the CPU engine taken for a GPU one: sleep
+    level 2; then the device cache emptied, ``wake_up(["weights"])``, the weights streamed
+    (a generator, not a list), the prefix cache reset, ``wake_up(["kv_cache"])``; device memory
+    recorded at each step. Asleep, and with its weights discarded, the engine refuses to
+    generate; after the push it generates what it did before."""
+    from sera_core.policy import vllm_backend
+
+    prompt = hf.chat_prompt([{"role": "user", "content": "Craft 1 oak planks."}])
+    params = SamplingParams(temperature=0.0, max_new_tokens=8)
+    [before] = engine.generate([prompt], params)
+    calls: list = []
+    monkeypatch.setattr(engine, "cuda", True)
+    monkeypatch.setattr(engine, "llm", RecordingLLM(engine.llm, calls))
+    monkeypatch.setattr(vllm_backend, "empty_device_cache", lambda: calls.append(("empty_cache",)))
+    monkeypatch.setattr(vllm_backend, "device_memory", lambda: (float(len(calls)), 0.5))
+    engine.memory_log = []
+    weights = {k: v for k, v in hf.model.state_dict().items() if k != "lm_head.weight"}
+    try:
+        engine.sleep()
+        with pytest.raises(RuntimeError, match="asleep"):
+            engine.generate([prompt], params)
+        engine.sleep()  # asleep already: nothing more
+        assert engine.push(weights) == len(weights) + 1  # lm_head added for the tie
+        order, memory = list(calls), list(engine.memory_log)
+        calls.clear()
+        engine.sleep()
+        engine.wake_up()  # awake, but the weights hold nothing until a push
+        with pytest.raises(RuntimeError, match="discarded"):
+            engine.generate([prompt], params)
+        engine.push(weights)
+    finally:
+        engine.memory_log = None
+    assert order == [("sleep", 2), ("empty_cache",), ("wake_up", ["weights"]), ("collective_rpc", "sera_reload", "streamed"),
+                     ("reset_prefix_cache",), ("wake_up", ["kv_cache"])]
+    assert [m[0] for m in memory] == ["before sleep", "asleep", "cache emptied", "weights awake", "pushed", "kv_cache awake"]
+    assert calls == [("sleep", 2), ("wake_up", ["kv_cache", "weights"]), ("collective_rpc", "sera_reload", "streamed"),
+                     ("reset_prefix_cache",)]
+    assert not engine.asleep and not engine.stale
+    [after] = engine.generate([prompt], params)
+    assert after.token_ids == before.token_ids and after.logprobs == before.logprobs
+
+
 def test_an_engine_that_cannot_start_says_why_before_any_rollout(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(EngineStartError, match="config.json"):
@@ -306,7 +374,9 @@ def test_merged_lora_state_equals_peft_merge(tmp_path):
 VLLM_RUN = __import__("pathlib").Path(__file__).parent / "vllm_run.py"
 
 
-def _vllm_run(out, processes: int) -> list[dict]:
+def _vllm_run(out, processes: int, run=VLLM_RUN, *args: str) -> list[dict]:
+    """Run ``run OUT ARGS...`` on ``processes`` processes (torchrun when several); each process's
+    ``OUT/result.<rank>.json``."""
     import json
     import os
     import sys
@@ -315,7 +385,7 @@ def _vllm_run(out, processes: int) -> list[dict]:
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     cmd = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
-           if processes > 1 else [sys.executable]) + [str(VLLM_RUN), str(out)]
+           if processes > 1 else [sys.executable]) + [str(run), str(out), *args]
     done = run_launch(cmd, env=env, timeout=1100)
     assert done.returncode == 0, done.stderr[-4000:]
     return [json.loads((out / f"result.{r}.json").read_text()) for r in range(processes)]
@@ -334,6 +404,7 @@ def test_training_with_the_engine_pushes_every_update_and_the_resume(tmp_path):
     error = max(r[key]["max_diff"] for key in ("start", "expert_update", "own_update", "resumed"))
     moved = max(abs(a - b) for a, b in zip(r["own_update"]["model"], r["start"]["model"]))
     assert moved > 10 * error  # the updates moved the model far more than engine and model differ
+    assert 0 <= r["own_update"]["logprob_gap"] < LOGPROB_TOL  # float32 engine and trainer: no gap to correct
     stale = max(abs(a - b) for a, b in zip(r["fresh"]["engine"], r["resumed"]["model"]))
     assert stale > 10 * error  # a fresh engine is stale until the checkpoint is pushed
 
@@ -351,3 +422,73 @@ def test_two_processes_each_own_an_engine_and_both_get_the_weights(tmp_path):
         error = max(r[key]["max_diff"] for key in ("start", "expert_update", "own_update"))
         assert max(abs(a - b) for a, b in zip(r["own_update"]["model"], r["start"]["model"])) > 10 * error
     assert results[0]["own_update"]["engine"] == pytest.approx(results[1]["own_update"]["engine"], abs=LOGPROB_TOL)
+
+
+FSDP_ENGINE_RUN = VLLM_RUN.parent / "fsdp_engine_run.py"
+
+
+@pytest.mark.timeout(1200)
+def test_fsdp2_processes_push_every_engine_the_trained_weights_and_the_old_push_left_one_stale(tmp_path):
+    """Fault B on CPU: two processes shard a tiny random Qwen3 with torch's own FSDP2
+    (``fully_shard`` over gloo, no Accelerate), train two updates at a large learning rate,
+    and push into their own vLLM CPU engines (``external_launcher``; tests/fsdp_engine_run.py).
+
+    With the push the trainer makes (:func:`~sera_core.policy.models.engine_state`: full tensors
+    on every process) both engines' greedy logprobs equal the sharded model's within
+    LOGPROB_TOL, the two engines agree, and the training moved the model's logprobs of those
+    tokens far more than that (so an engine left on the folder's weights could not pass).
+    With the old push (the rank-0 gather, an empty dict elsewhere) the first engine agrees and
+    the second still serves the folder's weights: this test fails on the old push code."""
+    new = _vllm_run(tmp_path / "new", 2, FSDP_ENGINE_RUN, "new")
+    cpu = not torch.cuda.is_available()
+    for r in new:
+        assert r["processes"] == 2 and r["sharded"] and r["device"].startswith("cpu" if cpu else "cuda"), r["rank"]
+        assert r["new"]["max_diff"] < LOGPROB_TOL, (r["rank"], r["new"]["pushed"])
+        assert r["new"]["pushed"] == new[0]["new"]["pushed"] > 0  # every process pushes the whole model
+        moved = max(abs(a - b) for m, o in zip(r["new"]["model"], r["new"]["original"], strict=True)
+                    for a, b in zip(m, o, strict=True))
+        assert moved > 100 * LOGPROB_TOL, (r["rank"], moved)
+    assert new[0]["new"]["tokens"] == new[1]["new"]["tokens"]
+    for a, b in zip(new[0]["new"]["engine"], new[1]["new"]["engine"], strict=True):
+        assert a == pytest.approx(b, abs=LOGPROB_TOL)
+    first, second = (r["old"] for r in _vllm_run(tmp_path / "old", 2, FSDP_ENGINE_RUN, "old"))
+    assert first["pushed"] == new[0]["new"]["pushed"] and second["pushed"] == 0  # what the old push gave each
+    assert first["max_diff"] < LOGPROB_TOL
+    assert second["max_diff"] > 100 * LOGPROB_TOL  # the second engine disagrees with the trained model ...
+    for e, o in zip(second["engine"], second["original"], strict=True):  # ... and serves the folder's weights
+        assert e == pytest.approx(o, abs=LOGPROB_TOL)
+
+
+@pytest.mark.timeout(900)
+def test_a_bfloat16_engine_beside_a_float32_trainer_shows_its_gap_and_pi_old_from_the_trainer_sets_the_ratio_to_1(tmp_path):
+    """A forced engine-trainer gap on CPU: the engine samples in bfloat16, the trainer computes
+    in float32. One update on the engine's own rollouts with ``pi_old: trainer``: metrics.csv
+    records the gap (far above the float32 engine's, in the test above) and a ratio of exactly 1
+    with nothing clipped (the gap goes into the truncated importance weights instead)."""
+    import csv
+
+    from sera_core.envs.textcraft.tasks import generate_split
+    from sera_core.train.config import load_config
+    from sera_core.train.trainer import Trainer
+    from sera_core.utils.jsonio import write_jsonl
+
+    tasks = tmp_path / "tasks.jsonl"
+    write_jsonl(tasks, [t for t in generate_split("train") if t["misc"]["difficulty"] == "easy"][:2])
+    cfg = load_config("textcraft/sera_tiny.yaml", backend="vllm", tasks=str(tasks), difficulties=None, tasks_per_update=2,
+                      trees_per_task=2, schedule="execution:1", counterfactual=0, max_new_tokens=32,
+                      max_steps_per_agent=2, micro_batch_tokens=2048, total_updates=1, checkpoint_every=1,
+                      filter_zero_variance=False, engine_kv_cache_gib=0.5, engine_max_model_len=4096,
+                      engine_dtype="bfloat16", mixed_precision="no", pi_old="trainer", tis_cap=2.0,
+                      out=str(tmp_path / "run"))
+    try:
+        trainer = Trainer(cfg, progress=False)
+    except EngineStartError as exc:  # vLLM's CPU kernels without bfloat16 on this machine
+        pytest.skip(f"no bfloat16 vLLM engine here: {exc}")
+    trainer.run()
+    trainer.close()
+    with (tmp_path / "run" / "metrics.csv").open(newline="") as f:
+        [row] = list(csv.DictReader(f))
+    assert int(row["tokens_trained"]) > 0
+    assert float(row["logprob_gap"]) > LOGPROB_TOL  # bfloat16 sampling against float32 scoring (measured 8.8e-3)
+    assert float(row["ratio_mean"]) == 1.0
+    assert float(row["clip_fraction_low"]) == float(row["clip_fraction_high"]) == 0.0

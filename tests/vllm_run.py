@@ -12,7 +12,8 @@ several) on the embedded policy (``model: tiny``: a LoRA adapter, served merged)
 3. alone: a fresh trainer (a second engine) resumes from that checkpoint.
 
 After each, every process compares its engine's greedy logprobs on a fixed prompt with its
-trainer model's logprobs of the same tokens, and writes ``OUT/result.<rank>.json``.
+trainer model's logprobs of the same tokens (``Trainer.engine_agreement``), and writes
+``OUT/result.<rank>.json``.
 """
 
 from __future__ import annotations
@@ -22,28 +23,12 @@ import os
 import sys
 from pathlib import Path
 
-import torch
 
 from sera_core.agents.actors import noisy_expert
 from sera_core.envs.textcraft.tasks import generate_split
-from sera_core.policy.base import SamplingParams
-from sera_core.policy.models import merged
 from sera_core.train.config import load_config
 from sera_core.train.trainer import Trainer
 from sera_core.utils.jsonio import write_jsonl
-
-
-def agreement(trainer: Trainer) -> dict:
-    """The engine's greedy tokens and logprobs on a fixed prompt against the trainer model's
-    logprobs of those tokens (teacher-forced, float32)."""
-    policy = trainer.policy
-    prompt = policy.chat_prompt([{"role": "user", "content": "Craft 1 oak planks. Reply with your first action."}])
-    [gen] = policy.generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=12))
-    model = merged(trainer.accelerator.unwrap_model(trainer.model)).eval()
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([prompt + gen.token_ids])).logits[0, len(prompt) - 1:-1].float()
-    ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(gen.token_ids)[:, None])[:, 0].tolist()
-    return {"engine": gen.logprobs, "model": ref, "max_diff": max(abs(a - b) for a, b in zip(gen.logprobs, ref, strict=True))}
 
 
 def main(out: Path) -> None:
@@ -58,22 +43,23 @@ def main(out: Path) -> None:
                       engine_dtype="float32", mixed_precision="no",  # engine logprobs = the trainer's within 1e-3
                       out=str(out / "run"))
     trainer = Trainer(cfg, progress=False)
-    result = {"rank": rank, "processes": trainer.part[1], "start": agreement(trainer)}
+    result = {"rank": rank, "processes": trainer.part[1], "start": trainer.engine_agreement()}
     stage = trainer.stages.stage(0)
     rollouts = trainer.play(stage, 0, noisy_expert(tokenizer=trainer.tokenizer))
     adv, *_ = trainer.train_on(stage, rollouts)
     trainer.updates_done += 1
-    result["expert_update"] = agreement(trainer) | {"datums": len(adv)}
+    result["expert_update"] = trainer.engine_agreement() | {"datums": len(adv)}
     rows = trainer.run()
-    result["own_update"] = agreement(trainer) | {"tokens_trained": rows[-1]["tokens_trained"],
-                                                 "requests": trainer.policy.requests}
+    result["own_update"] = trainer.engine_agreement() | {"tokens_trained": rows[-1]["tokens_trained"],
+                                                 "requests": trainer.policy.requests,
+                                                 "logprob_gap": rows[-1]["logprob_gap"]}
     trainer.close()  # as ``sera train`` does: a two-process launch ends its group before it exits
     if trainer.part[1] == 1:
         del trainer
         resumed = Trainer(cfg.replace(total_updates=3), progress=False)
-        result["fresh"] = agreement(resumed)
+        result["fresh"] = resumed.engine_agreement()
         resumed.load(out / "run" / "checkpoint")
-        result["resumed"] = agreement(resumed)
+        result["resumed"] = resumed.engine_agreement()
     (out / f"result.{rank}.json").write_text(json.dumps(result, indent=1))
 
 

@@ -142,6 +142,20 @@ def merged_folder(path: str | os.PathLike) -> Path:
     return write_once(out, write, lambda folder: (folder / "config.json").is_file())
 
 
+def engine_state(model) -> dict[str, torch.Tensor]:
+    """What a rollout engine loads after an update, on *every* process: ``model``'s weights
+    as plain Hugging Face-named full tensors (:func:`~sera_core.utils.weights.full_weights`:
+    sharded parameters all-gathered, a collective every process joins), a peft adapter merged
+    into its base (:func:`merge_lora_state`). ``model``: the unwrapped module (DDP's ``module``;
+    an FSDP2 module is its own)."""
+    from sera_core.utils.weights import full_weights
+
+    state = full_weights(model)
+    if hasattr(model, "peft_config"):
+        state = merge_lora_state(state, model.peft_config["default"].to_dict())
+    return state
+
+
 def merge_lora_state(state: dict, adapter_config: dict) -> dict:
     """The plain (Hugging Face-named) weights of a peft LoRA model's full state dict.
 

@@ -35,7 +35,10 @@ Seeds (what they guarantee)
     with the batch a request shares (a step's matrix shapes), so at temperature > 0 the same
     seeded request alone and inside another batch agree token for token only until a draw
     falls within that rounding of a boundary. The runtime submits in an order fixed by its
-    event loop, so a tiny run repeats bit for bit. Temperature 0 is greedy.
+    event loop, so a tiny run repeats bit for bit. Temperature 0 is greedy. On GPUs, vLLM's
+    ``VLLM_BATCH_INVARIANT=1`` (set before the engine starts) makes the kernels independent of
+    the batch; whether a seeded request then gives the same tokens alone and in a batch is the
+    GPU check's ``batch_invariance`` (docs/benchmarks.md). The CPU build has no such kernels.
 
 Weights
     :meth:`VLLMPolicy.load_weights` pushes ``(name, tensor)`` pairs (Hugging Face names, full
@@ -52,8 +55,19 @@ The process shape
     ``distributed=True`` (several training processes, one engine each) starts the engine
     with ``distributed_executor_backend="external_launcher"`` on the process's own device
     (``LOCAL_RANK``): the caller initialises ``torch.distributed`` first (Accelerate does).
-    On GPUs, ``sleep()`` frees the engine's memory while the update builds its logits
-    (sleep mode level 1) and ``wake_up()`` restores it; on CPUs both do nothing.
+
+Sleep and the push (GPUs; on CPUs sleeping does nothing)
+    During an update the engine sleeps at level 2 (:meth:`VLLMPolicy.sleep`): its weights are
+    discarded, not copied to host memory as level 1 would, since the push after the update
+    overwrites them, and its KV cache is dropped. After the update :meth:`VLLMPolicy.push`
+    wakes the engine in the order that keeps the device's peak lowest: the trainer's freed
+    blocks returned to the device (``torch.cuda.empty_cache()``; the gathered weights are
+    still resident), ``wake_up(["weights"])``, the weights streamed in one tensor at a time
+    (converted to the engine's dtype as each is loaded, so at most one converted tensor exists
+    beside the engine's own), the prefix cache reset, then ``wake_up(["kv_cache"])``. Until the
+    push, an engine whose weights were discarded refuses to generate. With ``memory_log`` set to
+    a list, each step appends ``(step, GiB in use on the device, peak GiB allocated by torch
+    since the previous step)``.
 """
 
 from __future__ import annotations
@@ -240,7 +254,12 @@ class VLLMPolicy:
         """Seconds spent in engine steps since the engine started (the trainer's generation time)."""
         self.requests = 0
         """Engine requests submitted (a ``stop_json`` completion past an inner brace takes several)."""
-        self.asleep = False
+        self.asleep: set[str] = set()
+        """The parts asleep (``weights``, ``kv_cache``): :meth:`sleep`, :meth:`wake_up`."""
+        self.stale = False
+        """True from a level-2 sleep to the next :meth:`load_weights`: the weights hold nothing."""
+        self.memory_log: list[tuple[str, float, float]] | None = None
+        """Set to a list to record the device memory at each sleep and push step (module docstring)."""
 
     # -- the Policy interface ----------------------------------------------------------
     def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
@@ -314,8 +333,8 @@ class VLLMPolicy:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        if self.asleep:
-            raise RuntimeError("the engine is asleep: wake_up() before generating")
+        if self.asleep or self.stale:
+            raise RuntimeError("the engine is asleep or its weights were discarded by sleep: push() before generating")
         p, done = job.params, len(job.tokens)
         room = min(p.max_new_tokens - done, self.max_model_len - len(job.prompt) - done)
         if room < 1:  # the sequence fills the engine's max_model_len: it ends there
@@ -369,35 +388,93 @@ class VLLMPolicy:
     # -- weights and memory ------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | dict) -> int:
         """Replace the engine's weights with ``weights`` (Hugging Face names, full tensors) on
-        every worker of this process's engine; returns how many tensors were loaded."""
+        every worker of this process's engine; returns how many tensors were loaded. In
+        process, the tensors are streamed: each is converted to the engine's dtype and device
+        as the worker loads it (module docstring); an engine in its own process reads them
+        from a safetensors file."""
         if self._open or self._waiting:
             raise RuntimeError("weights change between rollouts, not while requests are open")
+        if "weights" in self.asleep:
+            raise RuntimeError("the engine's weights are asleep: wake_up(['weights']) first (push() does)")
         dtype = self.engine.model_config.dtype
-        pairs = [(n, t.detach().to("cpu" if not self.cuda else t.device, dtype).contiguous())
-                 for n, t in (weights.items() if isinstance(weights, dict) else weights)]
-        names = {n for n, _ in pairs}
-        if self.tied and "lm_head.weight" not in names and "model.embed_tokens.weight" in names:
-            pairs.append(("lm_head.weight", dict(pairs)["model.embed_tokens.weight"]))
+        named = dict(weights.items() if isinstance(weights, dict) else weights)
+        if self.tied and "lm_head.weight" not in named and "model.embed_tokens.weight" in named:
+            named["lm_head.weight"] = named["model.embed_tokens.weight"]
+
+        def converted() -> Iterable[tuple[str, torch.Tensor]]:
+            for name, t in named.items():
+                yield name, t.detach().to("cpu" if not self.cuda else t.device, dtype).contiguous()
+
         if self.in_process:
-            loaded = self.llm.collective_rpc("sera_reload", args=(pairs,))
+            loaded = self.llm.collective_rpc("sera_reload", args=(converted(),))
         else:
             from safetensors.torch import save_file
 
             with tempfile.TemporaryDirectory(prefix="sera-weights-") as tmp:
                 file = str(Path(tmp) / "weights.safetensors")
-                save_file({n: t.cpu() for n, t in pairs}, file)
+                save_file({n: t.cpu() for n, t in converted()}, file)
                 loaded = self.llm.collective_rpc("sera_reload_file", args=(file,))
         self.llm.reset_prefix_cache()
+        self.stale = False
         return int(loaded[0])
 
     def sleep(self) -> None:
-        """GPUs: free the engine's memory for an update (weights offloaded, KV cache dropped)."""
+        """GPUs: free the engine's memory for an update, weights discarded and KV cache
+        dropped (level 2, module docstring); :meth:`push` brings both back."""
         if self.cuda and self.engine_config.sleep_mode and not self.asleep:
-            self.llm.sleep(level=1)
-            self.asleep = True
+            self._record("before sleep")
+            self.llm.sleep(level=2)
+            self.asleep, self.stale = {"weights", "kv_cache"}, True
+            self._record("asleep")
 
-    def wake_up(self) -> None:
-        """Undo :meth:`sleep` (before the next rollouts and before a weight push)."""
-        if self.asleep:
-            self.llm.wake_up()
-            self.asleep = False
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Wake the parts ``tags`` (``weights``, ``kv_cache``; None: both) from :meth:`sleep`.
+        Woken weights hold nothing until :meth:`load_weights`: use :meth:`push`."""
+        parts = set(self.asleep if tags is None else tags) & self.asleep
+        if parts:
+            self.llm.wake_up(tags=sorted(parts))
+            self.asleep -= parts
+            self._record(f"{'+'.join(sorted(parts))} awake")
+
+    def push(self, weights: dict[str, torch.Tensor]) -> int:
+        """After an update: ``weights`` into the engine, waking it in the order of the module
+        docstring (cache emptied, weights woken, streamed push, KV cache woken). Returns how
+        many tensors were loaded. An engine that is awake just loads them."""
+        if "weights" in self.asleep:
+            empty_device_cache()
+            self._record("cache emptied")
+            self.wake_up(["weights"])
+        loaded = self.load_weights(weights)
+        self._record("pushed")
+        self.wake_up(["kv_cache"])
+        return loaded
+
+    def device(self) -> str:
+        """The device the engine's weights sit on, as its worker reports it (``cuda:1``, ``cpu``):
+        with several processes each engine must be on its own process's GPU."""
+        return str(self.llm.collective_rpc("sera_device")[0])
+
+    def close(self) -> None:
+        """Shut the engine down now. vLLM's shutdown also ends the process's distributed state
+        (its groups and, with ``external_launcher``, torch's default group): call it last, after
+        the training's own barriers. Left to the interpreter's exit, that shutdown runs after the
+        group is gone and prints "Invalid process group specified"."""
+        self.llm.llm_engine.engine_core.shutdown()
+
+    def _record(self, step: str) -> None:
+        if self.memory_log is not None and self.cuda:
+            self.memory_log.append((step, *device_memory()))
+
+
+def empty_device_cache() -> None:
+    """Return the blocks torch's caching allocator holds but no tensor uses to the GPU."""
+    torch.cuda.empty_cache()
+
+
+def device_memory() -> tuple[float, float]:
+    """GiB in use on this process's GPU (every allocator, vLLM's included), and the peak GiB
+    torch allocated since the previous call (the peak counter is reset)."""
+    free, total = torch.cuda.mem_get_info()
+    peak = torch.cuda.max_memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    return round((total - free) / 2**30, 3), round(peak / 2**30, 3)

@@ -16,17 +16,26 @@ there with "Attempted to load weight ... into parameter (torch.Size([0]))").
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 
 class WeightLoader:
     """Methods mixed into vLLM's worker class (``self`` is the worker)."""
 
-    def sera_reload(self, weights: list) -> int:
-        """Load ``(name, tensor)`` pairs given in memory (engine in the caller's process).
-        Returns how many tensors were loaded."""
-        self.reload_weights(weights_iterator=iter(weights))
-        return len(weights)
+    def sera_reload(self, weights: Iterable) -> int:
+        """Load ``(name, tensor)`` pairs given in memory (engine in the caller's process), one
+        at a time as ``weights`` yields them (a generator streams them). Returns how many
+        tensors were loaded."""
+        count = 0
+
+        def counted() -> Iterator:
+            nonlocal count
+            for pair in weights:
+                count += 1
+                yield pair
+
+        self.reload_weights(weights_iterator=counted())
+        return count
 
     def sera_reload_file(self, path: str) -> int:
         """Load every tensor of the safetensors file ``path`` (engine in its own process: the
@@ -42,3 +51,7 @@ class WeightLoader:
 
             self.reload_weights(weights_iterator=tensors())
         return len(names)
+
+    def sera_device(self) -> str:
+        """The device the engine's weights sit on (``cuda:1``, ``cpu``)."""
+        return str(next(self.get_model().parameters()).device)

@@ -34,6 +34,8 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 """The configs shipped in the package."""
 CHILD_REWARDS = ("rubric", "label")
 LOSSES = ("cispo", "grpo")
+PI_OLD = ("engine", "trainer")
+"""Where ``log pi_old`` of the importance ratio comes from (:attr:`TrainConfig.pi_old`)."""
 RUBRIC_VARIANTS = ("ranking", "discriminative")
 BACKENDS = ("hf", "vllm")
 
@@ -149,6 +151,14 @@ class TrainConfig:
     """CISPO: absolute upper bound of the importance ratio."""
     grpo_eps: float = 0.2
     """GRPO: the ratio is clipped to [1 - eps, 1 + eps]."""
+    pi_old: str = field(default="engine", metadata={"hashed_when_set": True})
+    """What the importance ratio divides by (:func:`~sera_core.train.update.loss_and_backward`):
+    ``engine``, the rollout engine's recorded logprobs (the paper's: CISPO's clipped weight
+    absorbs the engine-trainer gap), or ``trainer``, the trainer's own before its step (ratio 1;
+    the gap corrected by truncated importance sampling at ``tis_cap``)."""
+    tis_cap: float | None = field(default=2.0, metadata={"hashed_when_set": True})
+    """``pi_old: trainer``: the advantage is scaled by ``min(pi_theta / pi_engine, tis_cap)``
+    (truncated importance sampling); None: not corrected. Unused under ``pi_old: engine``."""
     lr: float = 3e-6
     """Adam learning rate (paper: 3e-6)."""
     weight_decay: float = 0.017
@@ -269,6 +279,7 @@ _CHOICES = {
     "rubric_variant": RUBRIC_VARIANTS, "loss": LOSSES, "mixed_precision": ("no", "bf16", "auto"),
     "log_with": ("none", "tensorboard", "wandb"), "judge": ("program", "llm"),
     "engine_dtype": ("auto", "float32", "bfloat16"),
+    "pi_old": PI_OLD,
 }
 RENAMED = {"max_steps": ("total_updates", "it counts optimizer updates; an agent's turn budget is max_steps_per_agent"),
            "tasks_per_step": ("tasks_per_update", "a training iteration is an update")}
@@ -292,6 +303,7 @@ _TYPES: dict[str, tuple[Any, str]] = {
     "int": (lambda v: _is_int(v), "an integer"),
     "int | None": (lambda v: v is None or _is_int(v), "null or an integer"),
     "float": (lambda v: _is_num(v), "a finite number"),
+    "float | None": (lambda v: v is None or _is_num(v), "null or a finite number"),
     "bool": (lambda v: isinstance(v, bool), "true or false"),
 }
 """The check of each declared field type (tuples have their own rules below)."""
@@ -326,6 +338,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     for key in ("weight_decay", "spread_weight", "clip_low"):
         if not (_is_num(getattr(cfg, key)) and getattr(cfg, key) >= 0):
             raise bad(key, "must be a finite number >= 0")
+    if cfg.tis_cap is not None and not (_is_num(cfg.tis_cap) and cfg.tis_cap >= 1):
+        raise bad("tis_cap", "must be null or a finite number >= 1 (a cap below 1 would shrink on-policy tokens)")
     if not (_is_num(cfg.clip_high) and cfg.clip_high > cfg.clip_low):
         raise bad("clip_high", "must be a finite number > clip_low")
     if not (isinstance(cfg.betas, tuple) and len(cfg.betas) == 2 and all(_is_num(b) and 0 <= b < 1 for b in cfg.betas)):

@@ -99,7 +99,7 @@ METRICS = (
     "version", "stage", "cycle", "tasks", "trees", "errors", "root_success", "agents", "delegations",
     "rubric_validity", "score_validity", "groups", "groups_valid", "ranking_loss", "pairwise_accuracy",
     "datums", "datums_filtered", "reward_mean", "advantage_mean", "advantage_std", "advantage_token_mean",
-    "loss", "grad_norm", "clip_fraction_low", "clip_fraction_high", "ratio_mean", "tokens_trained",
+    "loss", "grad_norm", "clip_fraction_low", "clip_fraction_high", "ratio_mean", "logprob_gap", "tokens_trained",
     "tokens_execution", "tokens_launch", "tokens_rubric", "tokens_score",
     "judge_calls", "judge_tokens", "external_calls", "external_tokens",
     "seconds_generation", "seconds_environment", "seconds_update", "seconds",
@@ -223,18 +223,11 @@ class Trainer:
         return HFPolicy.from_model(plain.eval(), self.tokenizer, own=plain is not model)
 
     def engine_weights(self) -> dict[str, torch.Tensor]:
-        """The model's current weights as plain Hugging Face-named full tensors, on *every*
-        process (:func:`~sera_core.utils.weights.full_weights`: sharded parameters gathered),
-        an adapter merged into its base (:func:`~sera_core.policy.models.merge_lora_state`).
-        What each process's engine loads."""
-        from sera_core.policy.models import merge_lora_state
-        from sera_core.utils.weights import full_weights
+        """What each process's engine loads: :func:`~sera_core.policy.models.engine_state` of
+        the model (full tensors on every process, an adapter merged)."""
+        from sera_core.policy.models import engine_state
 
-        model = self.accelerator.unwrap_model(self.model)
-        state = full_weights(model)
-        if hasattr(model, "peft_config"):
-            state = merge_lora_state(state, model.peft_config["default"].to_dict())
-        return state
+        return engine_state(self.accelerator.unwrap_model(self.model))
 
     def _sync_policy(self) -> None:
         """Make the rollout policy sample from the model's current weights (after an update
@@ -243,11 +236,33 @@ class Trainer:
         the policy's own model already."""
         model = self.accelerator.unwrap_model(self.model)
         if self.cfg.backend == "vllm":
-            weights = self.engine_weights()
-            self.policy.wake_up()
-            self.policy.load_weights(weights)
+            self.policy.push(self.engine_weights())  # gathered while the engine sleeps, then woken and pushed
         elif hasattr(model, "merge_and_unload"):
             self.policy = self._policy(model_path(self.cfg))
+
+    def engine_agreement(self, content: str = "Craft 1 oak planks. Reply with your first action.",
+                         max_new_tokens: int = 12) -> dict[str, Any]:
+        """Whether the rollout policy samples from the trained weights: its greedy tokens on one
+        user message ``content``, their log-probabilities as it recorded them (``engine``) and
+        under the trained model, teacher-forced through the wrapped model (``model``; under FSDP a
+        forward every process joins, so every process calls this), ``max_diff`` and ``mean_diff``
+        between the two, and for a vLLM engine the ``device`` its weights sit on. What the tests
+        and the GPU check compare after each push (float32 on both sides: within 1e-3; a
+        bfloat16 engine: the update's ``logprob_gap``)."""
+        from sera_core.policy.base import SamplingParams
+        from sera_core.train.update import sequence_logprobs
+
+        prompt = self.policy.chat_prompt([{"role": "user", "content": content}])
+        [gen] = self.policy.generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens))
+        ids = torch.tensor([prompt + gen.token_ids], device=self.accelerator.device)
+        with torch.no_grad():
+            ours = sequence_logprobs(self.model, ids, torch.ones_like(ids))[0, len(prompt) - 1:].float().tolist()
+        diffs = [abs(a - b) for a, b in zip(gen.logprobs, ours, strict=True)]
+        out = {"tokens": gen.token_ids, "engine": gen.logprobs, "model": ours, "max_diff": max(diffs),
+               "mean_diff": sum(diffs) / len(diffs)}
+        if self.cfg.backend == "vllm":
+            out["device"] = self.policy.device()
+        return out
 
     def _external(self):
         from sera_core.agents.actors import external_actor
@@ -353,7 +368,8 @@ class Trainer:
         stats = loss_and_backward(self.model, rows, pad_id=self.tokenizer.pad_token_id,
                                   total_tokens=sum(r.tokens for r in rows), micro_batch_tokens=cfg.micro_batch_tokens,
                                   loss=cfg.loss, cispo=CISPOConfig(cfg.clip_low, cfg.clip_high), grpo_eps=cfg.grpo_eps,
-                                  backward=self.accelerator.backward, part=self.part)
+                                  backward=self.accelerator.backward, part=self.part, pi_old=cfg.pi_old,
+                                  tis_cap=cfg.tis_cap)
         grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), cfg.grad_clip) if rows else 0.0
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -384,7 +400,7 @@ class Trainer:
         share (sums over processes; means weighted by tokens)."""
         if self.part[1] == 1:
             return stats
-        keys = ("loss", "tokens", "clip_fraction_low_sum", "clip_fraction_high_sum", "ratio_mean_sum")
+        keys = ("loss", "tokens", "clip_fraction_low_sum", "clip_fraction_high_sum", "ratio_mean_sum", "logprob_gap_sum")
         total = self.accelerator.reduce(torch.tensor([stats[k] for k in keys], dtype=torch.float64,
                                                      device=self.accelerator.device), "sum").tolist()
         out = dict(zip(keys, total, strict=True))
@@ -412,7 +428,8 @@ class Trainer:
             else round(stats["advantage_token_mean"], 6),
             "loss": round(stats["loss"], 8), "grad_norm": round(grad_norm, 6),
             "clip_fraction_low": round(stats["clip_fraction_low"], 6), "clip_fraction_high": round(stats["clip_fraction_high"], 6),
-            "ratio_mean": round(stats["ratio_mean"], 6), "tokens_trained": int(stats["tokens"]),
+            "ratio_mean": round(stats["ratio_mean"], 6), "logprob_gap": round(stats["logprob_gap"], 6),
+            "tokens_trained": int(stats["tokens"]),
             **{f"tokens_{role}": n for role, n in summary["tokens"].items()},
             "judge_calls": self.counters["judge_calls"], "judge_tokens": self.counters["judge_tokens"],
             "external_calls": self.counters["external_calls"],

@@ -38,6 +38,7 @@ import torch
 from sera_core.agents.tree import Tree, Turn
 from sera_core.train.advantages import Advantage
 from sera_core.train.cispo import CISPOConfig, cispo_loss, grpo_loss
+from sera_core.train.config import PI_OLD
 
 
 @dataclass(frozen=True)
@@ -237,7 +238,8 @@ def process_share(groups: Sequence[list[TokenRow]], part: tuple[int, int]) -> li
 def loss_and_backward(model, rows: Sequence[TokenRow], *, pad_id: int, total_tokens: int, micro_batch_tokens: int,
                       loss: str = "cispo", cispo: CISPOConfig | None = None, grpo_eps: float = 0.2,
                       backward: Callable[[torch.Tensor], None] | None = None,
-                      part: tuple[int, int] = (0, 1)) -> dict[str, float]:
+                      part: tuple[int, int] = (0, 1), pi_old: str = "engine",
+                      tis_cap: float | None = None) -> dict[str, float]:
     """Back-propagate the update's loss (module docstring) micro-batch by micro-batch.
 
     ``rows``: all the update's rows (every process passes the same). ``total_tokens``:
@@ -248,7 +250,25 @@ def loss_and_backward(model, rows: Sequence[TokenRow], *, pad_id: int, total_tok
     over processes, divide by the tokens) and their token-weighted means, and the mean
     ``log pi_theta`` (before this step) of its trained tokens with a positive and with a
     negative advantage (``logprob_pos_mean``, ``logprob_neg_mean``; None without such tokens)
-    and their advantage-weighted mean (``logprob_weighted_mean``, :func:`advantage_weighted_logprob`)."""
+    and their advantage-weighted mean (``logprob_weighted_mean``, :func:`advantage_weighted_logprob`).
+
+    The engine-trainer gap. ``old_logprobs`` are the rollout engine's (vLLM in bfloat16 on a
+    GPU), ``log pi_theta`` the trainer's (float32, or bf16 autocast). The trainer takes one
+    optimizer step per update, so before that step both are the same policy and differ only by
+    the engines' arithmetic; ``logprob_gap`` (with ``logprob_gap_sum``) is that difference's
+    token mean, ``(1/N) sum_t |log pi_theta(a_t) - log pi_engine(a_t)|``, measured before the
+    step. ``pi_old`` chooses what the importance ratio divides by:
+
+    * ``engine`` (the paper's): ``rho_t = pi_theta / pi_engine``, so CISPO's clipped weight
+      ``clip(rho_t, c_min, c_max)`` is the whole correction for sampling from the engine;
+    * ``trainer``: ``log pi_old`` recomputed by the trainer, which before its one step is its
+      own ``log pi_theta``, detached (no second forward): ``rho_t = 1``, the CISPO/GRPO clip is
+      idle, and sampling from the engine is corrected by truncated importance sampling
+      (Yao et al. 2025), the advantage scaled by ``min(pi_theta / pi_engine, tis_cap)``
+      (detached; ``tis_cap`` None: no correction).
+    ``ratio_mean`` and the clip fractions are those of the ratio the loss used."""
+    if pi_old not in PI_OLD:
+        raise ValueError(f"pi_old is one of {PI_OLD}, not {pi_old!r}")
     device = next(model.parameters()).device
     backward = backward or (lambda t: t.backward())
     bounds = cispo or CISPOConfig()
@@ -258,14 +278,22 @@ def loss_and_backward(model, rows: Sequence[TokenRow], *, pad_id: int, total_tok
     sums = {"loss": 0.0, "clip_fraction_low": 0.0, "clip_fraction_high": 0.0, "ratio_mean": 0.0, "tokens": 0.0}
     by_sign = {"pos": [0.0, 0], "neg": [0.0, 0]}  # log pi_theta sum and count of trained tokens by sign of A
     weighted = 0.0  # sum of A * log pi_theta over trained tokens
+    gap = 0.0  # sum of |log pi_theta - log pi_engine| over trained tokens, before the step
     for group in process_share(micro_batches(rows, micro_batch_tokens), part):
         b = _tensors(group, pad_id, device)
         mask, old, adv = b["trained"][:, 1:], b["old"][:, 1:], b["advantage"][:, 1:]
         logp = sequence_logprobs(model, b["input_ids"], b["attention_mask"], mask)
+        gap += float((logp.detach() - old).abs()[mask].sum())
+        ratio_old, weight = old, adv
+        if pi_old == "trainer":
+            ratio_old = logp.detach()
+            if tis_cap is not None:
+                weight = adv * torch.exp(logp.detach() - old).clamp(max=tis_cap)
         if loss == "grpo":
-            total, stats = grpo_loss(logp, old, adv, mask, eps=grpo_eps)
+            total, stats = grpo_loss(logp, ratio_old, weight, mask, eps=grpo_eps)
         else:
-            total, stats = cispo_loss(logp, old, adv, mask, cfg=CISPOConfig(bounds.clip_low, bounds.clip_high, "sum"))
+            total, stats = cispo_loss(logp, ratio_old, weight, mask,
+                                      cfg=CISPOConfig(bounds.clip_low, bounds.clip_high, "sum"))
         backward(total * (scale * part[1]))  # x P: the processes' gradients are averaged
         for sign, where in (("pos", mask & (adv > 0)), ("neg", mask & (adv < 0))):
             by_sign[sign][0] += float(logp.detach()[where].sum())
@@ -280,4 +308,5 @@ def loss_and_backward(model, rows: Sequence[TokenRow], *, pad_id: int, total_tok
     return {"loss": sums["loss"], "tokens": n, **{f"{k}_sum": sums[k] for k in keys},
             **{k: (sums[k] / n if n else 0.0) for k in keys},
             **{f"logprob_{sign}_mean": (lp_sum / count if count else None) for sign, (lp_sum, count) in by_sign.items()},
-            "logprob_weighted_mean": weighted / n if n else None}
+            "logprob_weighted_mean": weighted / n if n else None,
+            "logprob_gap_sum": gap, "logprob_gap": gap / n if n else 0.0}
