@@ -33,6 +33,14 @@ checkpoint on the val tasks (``seedS/val/vNNN/``), a diagnostic of the choice th
 nothing. A run that is resumed trains on where it stopped: the trainer's constant step makes
 ``--total-updates 4`` then ``8`` the same run as ``8`` at once.
 
+``--protocol learning --measure SET`` measures before and after on a set of a frozen protocol
+(docs/protocol.md) instead of the first ``--tasks`` val tasks: ``OUT/protocol.json`` binds the
+folder to that protocol's hash and set (a changed protocol or another set is refused before any
+work, :func:`~sera_core.eval.protocol.bind_protocol`), and ``results.json`` records it with the
+command line. Choose the recipe on the protocol's dev set, then report on its test set once.
+Over seeds the interval is Student's t (:func:`~sera_core.eval.points.mean_interval`); within a
+seed the table gives the exact McNemar p-value of the gained and lost tasks.
+
 ``nohup .venv/bin/python scripts/execution_curve.py --out runs/curve2 --start runs/rubric_curve_label5/rubric_scorer_label_seed0 > runs/curve2.log 2>&1 &``
 """
 
@@ -234,6 +242,8 @@ def collect(out: Path, seeds: list[int], versions: list[int] = ()) -> dict:
     from sera_core.eval.aggregate import paired_change
     from sera_core.utils.jsonio import read_jsonl
 
+    if not (out / "before" / "summary.json").exists():  # nothing measured yet (--report on a new folder)
+        return {"tasks": 0, "runs": []}
     before = list(read_jsonl(out / "before" / "seed0.jsonl"))
     keep = ("version", "trees", "root_success", "agents", "delegations", "datums", "tokens_trained",
             "seconds_generation", "seconds_environment", "seconds_update", "seconds")
@@ -256,7 +266,7 @@ def collect(out: Path, seeds: list[int], versions: list[int] = ()) -> dict:
 
 
 def interval(values: list[float]) -> str:
-    """The signed mean ± its 95% half interval over seeds (:func:`~sera_core.eval.points.mean_interval`)."""
+    """The signed mean ± its 95% Student's t half interval over seeds (:func:`~sera_core.eval.points.mean_interval`)."""
     from sera_core.eval.points import mean_interval
 
     mean, half = mean_interval(values)
@@ -264,16 +274,19 @@ def interval(values: list[float]) -> str:
 
 
 def report(results: dict) -> str:
-    lines = ["| seed | before | after | paired difference (95% interval) | gained / lost | tokens trained | "
+    from sera_core.eval.aggregate import mcnemar_exact
+
+    lines = ["| seed | before | after | paired difference (95% interval) | gained / lost (McNemar p) | tokens trained | "
              "minutes: generation / update / all |", "|---|---|---|---|---|---|---|"]
     for r in results["runs"]:
         c, ups = r["change"], r["updates"]
         minutes = [sum(float(u[k]) for u in ups) / 60 for k in ("seconds_generation", "seconds_update", "seconds")]
         lines.append(f"| {r['seed']} | {c['before']['rate']:.0%} | {c['after']['rate']:.0%} | "
-                     f"{c['difference']['rate']:+.3f} ± {c['difference']['ci']:.3f} | {c['gained']} / {c['lost']} | "
+                     f"{c['difference']['rate']:+.3f} ± {c['difference']['ci']:.3f} | {c['gained']} / {c['lost']} "
+                     f"({mcnemar_exact(c['gained'], c['lost']):.3g}) | "
                      f"{sum(int(u['tokens_trained']) for u in ups):,} | {minutes[0]:.0f} / {minutes[1]:.0f} / {minutes[2]:.0f} |")
     if results["runs"]:
-        lines.append(f"| mean over {len(results['runs'])} seeds | | | "
+        lines.append(f"| mean over {len(results['runs'])} seeds (Student's t) | | | "
                      f"{interval([r['change']['difference']['rate'] for r in results['runs']])} | | | |")
         lines += ["", moved(results)]
     selected = [r for r in results["runs"] if "held_in" in r]
@@ -310,7 +323,10 @@ def moved(results: dict) -> str:
 
 
 def measured(results: dict) -> str:
-    """What the before and after are measured on, in words: ``50 easy val tasks`` (of at most N crafts)."""
+    """What the before and after are measured on, in words: ``50 easy val tasks`` (of at most N crafts),
+    or the protocol set's name."""
+    if protocol := results.get("protocol"):
+        return f"{results['tasks']} tasks of {protocol['name']}/{protocol['set']} ({protocol['role']})"
     crafts = results.get("args", {}).get("val_max_craft_steps")
     return f"{results['tasks']} easy val tasks" + (f" of <= {crafts} crafts" if crafts else "")
 
@@ -353,7 +369,8 @@ def figure(results: dict, path: Path) -> None:
                 title=f"training trees ({runs[0]['updates'][0].get('trees', '?')} an update)")
     axes[0].legend(fontsize=8)
     axes[1].set(xticks=range(len(labels)), xticklabels=labels, xlim=(-0.5, len(labels) - 0.5),
-                ylabel=f"after - before, {measured(results)} (T=0)", title="paired change, 95% intervals")
+                ylabel=f"after - before, {measured(results)} (T=0)",
+                title="paired change, 95% intervals (mean: Student's t)")
     axes[1].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -366,6 +383,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--updates", type=int, default=8)
     parser.add_argument("--tasks", type=int, default=50, help="easy val tasks measured before and after")
+    parser.add_argument("--protocol", default=None, help="a frozen protocol (docs/protocol.md), e.g. learning")
+    parser.add_argument("--measure", default=None, help="--protocol's set measured before and after (default: its curve2 dev set)")
     parser.add_argument("--max-craft-steps", type=int, default=None,
                         help="train only on easy tasks of at most this many crafts (default: every easy train task)")
     parser.add_argument("--val-max-craft-steps", type=int, default=None,
@@ -386,13 +405,26 @@ def main() -> None:
         parser.error(f"--select-every must be between 1 and --updates ({args.updates})")
     if args.val_curve and args.select_every is None:
         parser.error("--val-curve measures the checkpoints that --select-every keeps: give --select-every")
+    if args.protocol and args.val_max_craft_steps:
+        parser.error("--val-max-craft-steps chooses val tasks; a --protocol set names its own")
     out = Path(args.out)
     tasks = out / "easy_val.jsonl"
+    protocol = None
+    if args.protocol:
+        from sera_core.eval.protocol import bind_protocol, load_protocol, protocol_tasks
+
+        chosen = load_protocol(args.protocol)
+        measure = args.measure or chosen["runs"]["curve2"]["dev"]
+        protocol = bind_protocol(out, args.protocol, measure)  # refused here, before any work, if it changed
+        tasks = out / f"{measure}.jsonl"
     if not args.report:
-        val = easy_tasks("val", args.val_max_craft_steps)
-        if len(val) < args.tasks:
-            raise SystemExit(f"--tasks {args.tasks}: the val split has {len(val)} easy tasks of these crafts")
-        write_tasks(tasks, val[:args.tasks], "val tasks")
+        if protocol:
+            write_tasks(tasks, protocol_tasks(chosen, measure), f"{protocol['name']}/{measure} tasks")
+        else:
+            val = easy_tasks("val", args.val_max_craft_steps)
+            if len(val) < args.tasks:
+                raise SystemExit(f"--tasks {args.tasks}: the val split has {len(val)} easy tasks of these crafts")
+            write_tasks(tasks, val[:args.tasks], "val tasks")
         train = easy_tasks("train", args.max_craft_steps) if args.max_craft_steps or args.select_every else []
         if args.max_craft_steps:
             write_tasks(out / "train_tasks.jsonl", train, "training tasks")
@@ -410,7 +442,8 @@ def main() -> None:
                      str(out / "select_start"), "--resume", "--label", f"held-in, the start ({args.start})")
         for seed in args.seeds:
             run_seed(args, out, seed, tasks)
-    results = collect(out, args.seeds, stops(args.updates, args.select_every) if args.select_every else []) | {"args": vars(args)}
+    results = collect(out, args.seeds, stops(args.updates, args.select_every) if args.select_every else []) | {
+        "args": vars(args), "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]), "protocol": protocol}
     table = report(results)
     (out / "table.md").write_text(table + "\n")
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")

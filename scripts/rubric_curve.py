@@ -22,7 +22,15 @@ results there as ``rubric_curve.png`` and ``rubric_curve.json``, which notebook 
 A run that is not in ``OUT`` (another machine's, a session ago) enters the table from the
 committed record, ``--keep`` (``figures/rubric_curve.json``), when that was made with the
 same settings.
-Means ± 95% intervals over seeds (``1.96 * std / sqrt(n)``).
+Means ± 95% intervals over seeds (Student's t: ``t_{0.975, n-1} * s / sqrt(n)``).
+
+``--protocol learning`` measures the held-out points of a frozen protocol's set (``--measure``,
+default its curve-1 dev set, ``points_dev``; report on ``points_test`` once the arm and length
+are chosen): ``OUT/protocol.json`` binds the folder to that protocol's hash and set (a changed
+protocol or another set is refused before any work), and ``results.json`` records it, the
+command line, and how many held-out points delegate a subtask that a training point delegates
+too (:func:`~sera_core.tiny.rubric_stage.subtask_overlap`). A kept record enters the table only
+when it was made under the same protocol and set.
 
 ``nohup .venv/bin/python scripts/rubric_curve.py --out runs/rubric_curve > runs/rubric_curve.log 2>&1 &``
 """
@@ -60,16 +68,19 @@ SETTINGS = ("updates", "points_per_update", "eval_every", "score_calls", "lr", "
 """The arguments a kept run must share with this invocation to enter its table."""
 
 
-def kept_runs(path: Path, args: argparse.Namespace) -> dict[tuple[str, int], dict]:
+def kept_runs(path: Path, args: argparse.Namespace, protocol: dict | None = None) -> dict[tuple[str, int], dict]:
     """The finished runs recorded in an earlier ``results.json`` (``--keep``), by (arm, seed):
     ``runs/`` does not outlive a machine, the committed record does. Raises ``SystemExit``
-    when the record was made with other settings (the table would mix budgets)."""
+    when the record was made with other settings (the table would mix budgets) or under
+    another protocol (``protocol``: this run's :func:`~sera_core.eval.protocol.bind_protocol` record)."""
     if not path.exists():
         return {}
     record = json.loads(path.read_text())
     theirs, ours = ({k: a.get(k) for k in SETTINGS} for a in (record["args"], vars(args)))
     if theirs != ours:
         raise SystemExit(f"{path} was made with {theirs}, not {ours}: pass the same settings, or another --keep")
+    if record.get("protocol") != protocol:
+        raise SystemExit(f"{path} was measured under protocol {record.get('protocol')}, not {protocol}: another --keep")
     return {(arm, r["seed"]): r for arm, runs in record["results"].items() for r in runs}
 
 
@@ -91,6 +102,20 @@ def collect(out: Path, arms: list[str], seeds: list[int], updates: int, kept: di
                 "updates": [{k: number(v) for k, v in r.items()} for r in ups],
                 "seconds": sum(number(r["seconds"]) or 0 for r in ups) + sum(number(r["seconds"]) or 0 for r in held[1:])})
     return results
+
+
+def overlap(out: Path, heldout_ids: tuple[str, ...] | None, config: str) -> dict | None:
+    """:func:`~sera_core.tiny.rubric_stage.subtask_overlap` of the held-out points and the
+    training pool cached in ``out`` (None before a run has built them)."""
+    from sera_core.tiny.rubric_stage import RubricStageConfig, heldout_set, stage_points, subtask_overlap
+    from sera_core.train.config import load_config
+
+    cfg = RubricStageConfig(config=config, heldout_ids=heldout_ids, points_dir=str(out))
+    env = load_config(config).env
+    pool = out / f"pool_{env}_{cfg.pool_tasks}.jsonl"
+    if not pool.exists() or not (out / f"heldout_{env}_{cfg.heldout_name}.jsonl").exists():
+        return None
+    return subtask_overlap(heldout_set(cfg, env), stage_points(env, "train", cfg.pool_tasks, pool))
 
 
 def report(results: dict) -> str:
@@ -162,13 +187,24 @@ def main() -> None:
     parser.add_argument("--figures", default=None, help="also copy the figure into this folder (e.g. figures)")
     parser.add_argument("--keep", default="figures/rubric_curve.json",
                         help="an earlier results.json whose finished runs fill the table where OUT lacks them ('' for none)")
+    parser.add_argument("--protocol", default=None, help="a frozen protocol (docs/protocol.md), e.g. learning")
+    parser.add_argument("--measure", default=None, help="--protocol's set of held-out points' tasks (default: its curve1 dev set)")
     parser.add_argument("--one", nargs=2, metavar=("ARM", "SEED"), help=argparse.SUPPRESS)  # one run, in a child process
     args = parser.parse_args()
     out = Path(args.out)
+    protocol, heldout_ids = None, None
+    if args.protocol:
+        from sera_core.eval.protocol import bind_protocol, load_protocol
+
+        chosen = load_protocol(args.protocol)
+        measure = args.measure or chosen["runs"]["curve1"]["dev"]
+        protocol = bind_protocol(out, args.protocol, measure)  # refused here, before any work, if it changed
+        heldout_ids = tuple(chosen["sets"][measure]["ids"])
     if args.one:
         arm, seed = args.one[0], int(args.one[1])
         cfg = RubricStageConfig(arm=arm, seed=seed, updates=args.updates, points_per_update=args.points_per_update,
-                                eval_every=args.eval_every, score_calls=args.score_calls, lr=args.lr, config=args.config, points_dir=str(out), out=str(out / f"{arm}_seed{seed}"))
+                                eval_every=args.eval_every, score_calls=args.score_calls, lr=args.lr, config=args.config,
+                                heldout_ids=heldout_ids, points_dir=str(out), out=str(out / f"{arm}_seed{seed}"))
         RubricStage(cfg).run()
         return
     if not args.report:
@@ -176,10 +212,12 @@ def main() -> None:
             for seed in args.seeds:  # each run in its own process: its engine's memory goes with it
                 print(f"[{time.strftime('%H:%M:%S')}] {arm} seed {seed}", flush=True)
                 subprocess.run([sys.executable, __file__, *sys.argv[1:], "--one", arm, str(seed)], check=True)
-    results = collect(out, args.arms, args.seeds, args.updates, kept_runs(Path(args.keep), args) if args.keep else {})
+    results = collect(out, args.arms, args.seeds, args.updates, kept_runs(Path(args.keep), args, protocol) if args.keep else {})
     table = report(results)
     (out / "table.md").write_text(table + "\n")
-    (out / "results.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1) + "\n")
+    record = {"args": vars(args), "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+              "protocol": protocol, "overlap": overlap(out, heldout_ids, args.config), "results": results}
+    (out / "results.json").write_text(json.dumps(record, indent=1) + "\n")
     if results:
         figure(results, out / "rubric_curve.png")
         if args.figures:  # the figure and the numbers behind it (notebook 09 reads them)

@@ -37,8 +37,16 @@ the models it has not finished: a record is used only when its settings (updates
 training difficulties, held-out sets) are the run's, and a mismatch stops the script before
 any work. Two processes may share the work (``--arms sera`` beside ``--arms sera_wo_rt
 --before-seeds``, the second measuring no warm start). ``--report`` only writes the table
-(mean ± standard deviation over seeds), ``OUT/results.json`` and the
+(mean ± 95% Student's t half interval over seeds), ``OUT/results.json`` and the
 figure ``OUT/tiny_experiment.png`` (``--figures DIR`` copies it there) from what is done.
+
+``--protocol learning`` takes the held-out points' tasks and the evaluated tasks from a frozen
+protocol's sets (``--points-set``, ``--eval-set``: by default its ablation dev set and
+``textcraft_easy_dev``; report on the test sets once the budget is chosen) instead of
+``--points-tasks`` and ``--eval-tasks``: ``OUT/protocol.json`` binds the folder to them (a changed
+protocol or other sets are refused before any work), the protocol's hash joins the settings a kept
+record must match, and ``results.json`` records it with the command line. Over seeds the table gives
+mean ± the 95% Student's t half interval.
 
 ``--warm-start vllm:FOLDER --arms`` (no arm) measures another adapter (a rebuilt warm start)
 on the same held-out sets, for docs/embedded.md's rule on which adapter ships; give it its own
@@ -58,9 +66,10 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
-from statistics import fmean, stdev
+from statistics import fmean
 
 ARMS = {"sera": "textcraft/sera_tiny.yaml", "sera_wo_rt": "textcraft/sera_tiny.yaml", "rao": "textcraft/rao_tiny.yaml"}
 SHIPPED = "tiny"  # the policy spec of the shipped adapter, every arm's starting model
@@ -89,7 +98,8 @@ def settings(args) -> dict:
     when it is not the shipped adapter, the measured warm start."""
     return {"updates": args.updates, "ratio": args.ratio, "difficulties": args.difficulties,
             "points_tasks": args.points_tasks, "eval_tasks": args.eval_tasks, "eval_levels": list(args.eval_levels),
-            "eval_max_new_tokens": args.eval_max_new_tokens} | ({"warm_start": args.warm_start} if args.warm_start != SHIPPED else {})
+            "eval_max_new_tokens": args.eval_max_new_tokens} | ({"warm_start": args.warm_start} if args.warm_start != SHIPPED else {}) \
+        | ({"protocol": [args.protocol_record["hash"], args.protocol_record["set"]]} if args.protocol_record else {})
 
 
 def kept(args, name: str) -> dict | None:
@@ -115,6 +125,13 @@ def held_out(args) -> tuple[list, list[dict]]:
     from sera_core.utils.jsonio import write_jsonl
 
     path = Path(args.out) / "points.jsonl"
+    if args.protocol:
+        from sera_core.eval.protocol import load_protocol, protocol_tasks
+
+        chosen = load_protocol(args.protocol)
+        if not path.exists():
+            write_jsonl(path, [p.to_json() for p in heldout_points("textcraft", protocol_tasks(chosen, args.points_set))])
+        return read_points(path), protocol_tasks(chosen, args.eval_set)
     if not path.exists():
         write_jsonl(path, [p.to_json() for p in heldout_points("textcraft", points_tasks("textcraft", args.points_tasks))])
     levels = tuple(args.eval_levels)
@@ -192,12 +209,11 @@ def training_stats(run: Path) -> dict:
 
 
 def spread(values: list[float | None]) -> str:
-    """``mean ± std`` (sample standard deviation over seeds, 3 places) of the values that are not
-    None; the mean alone for one value, ``-`` for none: a table cell."""
-    values = [v for v in values if v is not None]
-    if not values:
-        return "-"
-    return f"{fmean(values):.3f}" if len(values) == 1 else f"{fmean(values):.3f} ± {stdev(values):.3f}"
+    """A table cell over seeds: ``mean ± half`` of the values that are not None, the half 95%
+    interval Student's t (:func:`~sera_core.eval.points.format_interval`)."""
+    from sera_core.eval.points import format_interval
+
+    return format_interval(values)
 
 
 def level(rows: list[dict], difficulty: str) -> str:
@@ -344,7 +360,16 @@ def main() -> None:
     parser.add_argument("--keep", default="figures/tiny_experiment", help="folder of the finished models' records (committed)")
     parser.add_argument("--report", action="store_true", help="only write the table and figure from what is done")
     parser.add_argument("--figures", default=None, help="also copy the figure into this folder (e.g. figures)")
+    parser.add_argument("--protocol", default=None, help="a frozen protocol (docs/protocol.md), e.g. learning")
+    parser.add_argument("--points-set", default=None, help="--protocol's set of the held-out points' tasks (default: its ablation dev set)")
+    parser.add_argument("--eval-set", default="textcraft_easy_dev", help="--protocol's set of evaluated tasks")
     args = parser.parse_args()
+    args.protocol_record = None
+    if args.protocol:
+        from sera_core.eval.protocol import bind_protocol, load_protocol
+
+        args.points_set = args.points_set or load_protocol(args.protocol)["runs"]["ablation"]["dev"]
+        args.protocol_record = bind_protocol(args.out, args.protocol, args.points_set, args.eval_set)  # before any work
     if args.warm_start != SHIPPED and args.arms:
         parser.error("--warm-start measures another adapter only: pass --arms with no arm (the arms train from the shipped one)")
     out = Path(args.out)
@@ -354,7 +379,8 @@ def main() -> None:
     table = report(results)
     write_json(out / "results.json", {"arms": {a: schedule(a, args.ratio) or "execution:1" for a in ARMS},
                                       "settings": settings(args), "seeds": args.seeds, "points": len(points),
-                                      "eval_tasks": len(tasks), "results": results})
+                                      "eval_tasks": len(tasks), "protocol": args.protocol_record,
+                                      "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]), "results": results})
     (out / "table.md").write_text(table + "\n")
     figure(results, out / "tiny_experiment.png")
     if args.figures:

@@ -50,8 +50,9 @@ def test_each_finished_seed_is_paired_task_by_task_with_the_start(tmp_path):
     assert first["before"]["rate"] == 2 / 8 and first["after"]["rate"] == 3 / 8
     assert results["runs"][1]["change"]["difference"]["rate"] == 3 / 8
     table = SCRIPT["report"](results)
-    assert "| 0 | 25% | 38% | +0.125 ± " in table and "| 2 / 1 | 4,000 | 8 / 2 / 12 |" in table
-    assert "| mean over 2 seeds | | | +0.250 ± 0.245 |" in table  # (1/8 + 3/8) / 2, 1.96 * std / sqrt(2)
+    assert "| 0 | 25% | 38% | +0.125 ± " in table and "| 2 / 1 (1) | 4,000 | 8 / 2 / 12 |" in table
+    assert "| 3 / 0 (0.25) |" in table  # exact McNemar: 2 * (1/2)^3
+    assert "| mean over 2 seeds (Student's t) | | | +0.250 ± 1.588 |" in table  # (1/8 + 3/8) / 2, t_{0.975, 1} * std / sqrt(2)
     # t1 gained in both seeds, then t2 (seed 0), t4 (lost in seed 0), t5 and t6 (seed 1)
     assert SCRIPT["moved"](results).splitlines()[2:] == [
         "| t1 | failed | 2 | 0 1 |", "| t2 | failed | 1 | 0 |", "| t4 | solved | 1 | 0 |", "| t5 | failed | 1 | 1 |",
@@ -216,3 +217,23 @@ def test_the_val_curve_measures_each_kept_checkpoint_but_the_one_kept_and_nothin
     commands.clear()
     SCRIPT["run_seed"](args, tmp_path, 0, tmp_path / "easy_val.jsonl")
     assert commands == []  # finished: nothing runs again
+
+
+def test_a_protocol_binds_the_folder_and_a_changed_one_is_refused_before_any_work(tmp_path):
+    """``--protocol learning``: the before/after tasks are the protocol set's, written with the
+    folder's ``protocol.json``; the same folder run against another set stops before any model
+    runs, naming the difference (the ``sera`` commands are never reached: ``--report`` aside,
+    the refusal comes first)."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "execution_curve.py"
+    out = tmp_path / "curve"
+    done = subprocess.run([sys.executable, str(script), "--out", str(out), "--protocol", "learning", "--report"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    bound = json.loads((out / "protocol.json").read_text())
+    assert (bound["name"], bound["set"], bound["role"], bound["tasks"]) == ("learning", "textcraft_easy_dev", "dev", 50)
+    results = json.loads((out / "results.json").read_text())
+    assert results["protocol"] == bound and "--protocol learning" in results["command"]
+    refused = subprocess.run([sys.executable, str(script), "--out", str(out), "--protocol", "learning", "--measure",
+                              "textcraft_easy_test"], capture_output=True, text=True, timeout=300)
+    assert refused.returncode != 0 and "measures set 'textcraft_easy_dev' of learning, not 'textcraft_easy_test'" in refused.stderr
+    assert not (out / "before").exists()

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from sera_core.eval.protocol import (PROTOCOLS, check_protocol, load_protocol, protocol_hash, protocol_tasks, require_protocol,
-                                     warmstart_protocol)
+from sera_core.eval.protocol import (PROTOCOLS, bind_protocol, check_protocol, learning_protocol, load_protocol,
+                                     protocol_hash, protocol_tasks, require_protocol, warmstart_protocol)
 from sera_core.utils.errors import UserInputError
 
 
@@ -58,3 +58,46 @@ def test_a_bad_protocol_or_a_run_under_another_one_is_refused():
         require_protocol("0123", p, "a run")
     with pytest.raises(UserInputError, match="no protocol"):
         load_protocol("nonesuch")
+
+
+def test_the_learning_protocols_test_sets_touch_no_task_that_guided_a_choice():
+    """The committed ``learning`` protocol is what its rules give; its test sets share no task
+    with its dev sets, with any set of the warm-start comparison (which chose the start), or with
+    the tasks the curves chose on so far (the first 50 easy val tasks, the 34 points' 24 tasks);
+    every id exists; the measures name its runs and sets."""
+    from sera_core.tiny.measure import points_tasks
+
+    committed = load_protocol("learning")
+    assert committed == json.loads(json.dumps(learning_protocol()))
+    sets = {name: set(spec["ids"]) for name, spec in committed["sets"].items()}
+    tests = {name for name, spec in committed["sets"].items() if spec["role"] == "test"}
+    seen = set().union(*(set(spec["ids"]) for spec in load_protocol("warmstart")["sets"].values()))
+    seen |= set().union(*(sets[n] for n in sets if n not in tests))
+    for name in tests:
+        assert sets[name].isdisjoint(seen), name
+    assert sets["points_dev"] == {t["id"] for t in points_tasks("textcraft", 24)}
+    assert sets["textcraft_easy_dev"] == set(load_protocol("warmstart")["sets"]["textcraft_easy_dev"]["ids"])
+    assert [len(sets[n]) for n in ("textcraft_easy_test", "points_test", "textworld_easy_test")] == [47, 24, 28]
+    for name in sets:
+        assert len(protocol_tasks(committed, name)) == len(sets[name])
+    assert {m["run"] for m in committed["measures"]} == set(committed["runs"])
+    assert all(m["set"] in tests for m in committed["measures"])
+    assert protocol_hash(committed) != protocol_hash(load_protocol("warmstart"))
+
+
+def test_a_results_folder_is_bound_to_one_protocol_and_set(tmp_path):
+    """The first run writes ``protocol.json``; the same protocol and set continue; a changed
+    protocol file (another hash), another set or an unknown set is refused, naming it."""
+    record = bind_protocol(tmp_path / "out", "learning", "textcraft_easy_dev")
+    assert record == {"name": "learning", "hash": protocol_hash(load_protocol("learning")), "set": "textcraft_easy_dev",
+                      "role": "dev", "tasks": 50}
+    assert bind_protocol(tmp_path / "out", "learning", "textcraft_easy_dev") == record
+    with pytest.raises(UserInputError, match="measures set 'textcraft_easy_dev' of learning, not 'textcraft_easy_test'"):
+        bind_protocol(tmp_path / "out", "learning", "textcraft_easy_test")
+    changed = load_protocol("learning")
+    changed["sets"]["textcraft_easy_dev"]["temperature"] = 1.0  # a protocol edited after the run began
+    (tmp_path / "changed.json").write_text(json.dumps(changed))
+    with pytest.raises(UserInputError, match=f"recorded under protocol {record['hash']}, not learning"):
+        bind_protocol(tmp_path / "out", tmp_path / "changed.json", "textcraft_easy_dev")
+    with pytest.raises(UserInputError, match="has no set 'nonesuch'"):
+        bind_protocol(tmp_path / "other", "learning", "nonesuch")

@@ -57,3 +57,45 @@ def test_a_committed_record_fills_the_seeds_a_fresh_machine_lacks(tmp_path):
     assert SCRIPT["kept_runs"](tmp_path / "none.json", args) == {}
     with pytest.raises(SystemExit, match="'updates': 6"):  # another budget never enters the table
         SCRIPT["kept_runs"](kept_path, args_for(tmp_path, updates=20))
+
+
+def test_held_out_points_by_protocol_ids_and_their_overlap_with_the_training_pool(tmp_path):
+    """Held-out points built on named medium val tasks (a protocol's set) come from those tasks
+    only; a missing id is named; the overlap counts the held-out points whose subtask text a
+    training point also delegates (all of them, against themselves)."""
+    from sera_core.eval.protocol import load_protocol
+    from sera_core.tiny.rubric_stage import RubricStageConfig, heldout_set, stage_points, subtask_overlap
+
+    ids = load_protocol("learning")["sets"]["points_test"]["ids"][:3]
+    cfg = RubricStageConfig(heldout_ids=ids, points_dir=str(tmp_path))
+    points = heldout_set(cfg, "textcraft")
+    assert points and {p.task_id for p in points} <= set(ids)
+    assert (tmp_path / f"heldout_textcraft_{cfg.heldout_name}.jsonl").exists() and cfg.heldout_name.startswith("ids")
+    assert RubricStageConfig().heldout_name == "24"  # the default set's cached files keep their names
+    pool = stage_points("textcraft", "train", 4, tmp_path / "pool.jsonl")
+    both = subtask_overlap(points, points)
+    assert both["points"] == both["shared"] == len(points) and both["subtasks_shared"] >= 1
+    against_pool = subtask_overlap(points, pool)
+    assert against_pool["points"] == len(points) and 0 <= against_pool["shared"] <= len(points)
+    with pytest.raises(ValueError, match="textcraft_synth.val.999999"):
+        stage_points("textcraft", "val", ["textcraft_synth.val.999999"], tmp_path / "missing.jsonl")
+
+
+def test_a_protocol_binds_the_curve_folder_and_its_record(tmp_path):
+    """``--protocol learning --report``: the folder is bound to the curve-1 dev set, and the
+    results record the protocol and the command; a kept record from no protocol is refused."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "rubric_curve.py"
+    out = tmp_path / "curve"
+    done = subprocess.run([sys.executable, str(script), "--out", str(out), "--protocol", "learning", "--report", "--keep", ""],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads((out / "results.json").read_text())
+    assert record["protocol"]["set"] == "points_dev" and record["protocol"]["role"] == "dev"
+    assert "--protocol learning" in record["command"] and record["overlap"] is None  # no points built yet
+    kept = tmp_path / "kept.json"
+    kept.write_text(json.dumps({"args": vars(args_for(tmp_path)), "results": {}}))
+    with pytest.raises(SystemExit, match="measured under protocol None"):
+        SCRIPT["kept_runs"](kept, args_for(tmp_path), record["protocol"])

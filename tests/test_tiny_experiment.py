@@ -17,7 +17,7 @@ SCRIPT = runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "t
 def args_for(tmp_path: Path, **overrides) -> argparse.Namespace:
     values = {"seeds": [0, 1, 2], "arms": ["sera", "sera_wo_rt"], "updates": 4, "ratio": "2:1:1", "difficulties": ["easy"],
               "before_seeds": [0], "points_tasks": 24, "eval_tasks": 50, "eval_levels": ["easy"], "eval_max_new_tokens": 256,
-              "out": str(tmp_path / "runs"), "keep": str(tmp_path / "keep"), "warm_start": "tiny"}
+              "out": str(tmp_path / "runs"), "keep": str(tmp_path / "keep"), "warm_start": "tiny", "protocol_record": None}
     return argparse.Namespace(**(values | overrides))
 
 
@@ -53,8 +53,9 @@ def test_kept_records_make_the_table_and_other_settings_stop_before_any_work(tmp
     assert len(results["before"]) == 1 and results["rao"] == []
     lines = SCRIPT["report"](results).splitlines()
     sera = next(line for line in lines if line.startswith("| SERA |"))
-    # mean ± sample std over seeds; medium was not evaluated; tokens per stage averaged over seeds
-    assert "| 2 | 0.550 ± 0.071 |" in sera and "| 0.250 ± 0.071 | 0.250 ± 0.071 | - | 200 / 0 / 20 |" in sera
+    # mean ± the 95% Student's t half interval over seeds (t_{0.975, 1} = 12.706: 12.706 * 0.0707 / sqrt 2);
+    # medium was not evaluated; tokens per stage averaged over seeds
+    assert "| 2 | 0.550 ± 0.635 |" in sera and "| 0.250 ± 0.635 | 0.250 ± 0.635 | - | 200 / 0 / 20 |" in sera
     assert "| SERA w/o RT | 1 | 0.500 |" in "\n".join(lines) and sera.endswith("| 20 / 20 |")  # 4 updates x 300 s; 1,200 s
     assert next(line for line in lines if line.startswith("| warm start")).endswith("| - | - | - / 20 |")
     # a record made with another budget is never mixed into the table
@@ -88,3 +89,22 @@ def test_a_unit_runs_in_its_own_process_and_its_failure_stops_the_script():
     SCRIPT["isolated"](sys.exit, 0)
     with pytest.raises(SystemExit, match=r"exit.* failed \(exit code 3\); run the script again"):
         SCRIPT["isolated"](sys.exit, 3)
+
+
+def test_a_protocol_binds_the_folder_and_joins_the_settings_a_kept_record_must_match(tmp_path, monkeypatch):
+    """``--protocol learning``: the folder is bound to the ablation's points set and the eval set
+    before any work, and a record kept under no protocol does not enter the protocol's table."""
+    from sera_core.eval.protocol import bind_protocol
+
+    bound = bind_protocol(tmp_path / "runs", "learning", "points_dev", "textcraft_easy_dev")
+    assert bound["set"] == "points_dev+textcraft_easy_dev" and bound["role"] == "dev+dev" and bound["tasks"] == 74
+    under = args_for(tmp_path, protocol_record=bound)
+    assert SCRIPT["settings"](under)["protocol"] == [bound["hash"], bound["set"]]
+    Path(under.keep).mkdir()
+    (Path(under.keep) / "before_seed0.json").write_text(json.dumps(record(args_for(tmp_path), 0, 0.5, 0.3)))
+    with pytest.raises(SystemExit, match="pass the same settings"):
+        SCRIPT["collect"](under, run_missing=False)
+    monkeypatch.setattr("sys.argv", ["tiny_experiment.py", "--protocol", "learning", "--points-set", "points_test",
+                                     "--out", str(tmp_path / "runs"), "--report"])
+    with pytest.raises(Exception, match="measures set 'points_dev\\+textcraft_easy_dev' of learning"):
+        SCRIPT["main"]()

@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
-from statistics import fmean, pstdev, pvariance, stdev
+from statistics import fmean, pstdev, pvariance
 from typing import Any
 
 from sera_core.agents.actors import noisy_expert
@@ -62,16 +62,19 @@ def heldout_points(benchmark: str, records: Sequence[dict], *, counterfactual: i
 
 
 def mean_interval(values: list[float]) -> tuple[float | None, float | None]:
-    """Mean and 95% half interval ``1.96 * std / sqrt(n)`` (normal approximation; None for
-    no values, and no interval for one), each rounded to 4 places."""
+    """Mean and 95% half interval ``t_{0.975, n-1} * s / sqrt(n)`` (Student's t,
+    :func:`~sera_core.eval.aggregate.t_interval`: over 3 seeds t is 4.30, not the normal 1.96;
+    None for no values, and no interval for one), each rounded to 4 places."""
+    from sera_core.eval.aggregate import t_interval
+
     if not values:
         return None, None
-    half = 1.96 * stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
-    return round(fmean(values), 4), None if half is None else round(half, 4)
+    t = t_interval(values)
+    return round(t["mean"], 4), None if t["half"] is None else round(t["half"], 4)
 
 
 def format_interval(values: Sequence[float | None]) -> str:
-    """``mean ± half`` (:func:`mean_interval`, 3 places) of the values that are not None;
+    """``mean ± half`` (:func:`mean_interval`, Student's t, 3 places) of the values that are not None;
     the mean alone for one value, ``-`` for none: a table cell over seeds."""
     mean, half = mean_interval([v for v in values if v is not None])
     if mean is None:

@@ -7,8 +7,9 @@ trees per task, the evaluation contract's caps); and the measures with their tar
 hash (:func:`protocol_hash`, the first 16 hex digits of the sha256 of its JSON) goes into
 every reported run; :func:`require_protocol` refuses a run recorded under another hash.
 
-:func:`warmstart_protocol` states the rules that chose the warm-start protocol's ids, and a
-test checks that the committed file is what they give, so neither can change alone.
+:func:`warmstart_protocol` and :func:`learning_protocol` state the rules that chose each
+protocol's ids, and a test checks that the committed files are what they give, so neither can
+change alone.
 """
 
 from __future__ import annotations
@@ -78,6 +79,36 @@ def require_protocol(recorded: str | None, protocol: dict[str, Any], what: str) 
                              f"{protocol_hash(protocol)}: measure it again under this protocol")
 
 
+def bind_protocol(out: str | os.PathLike, name: str | os.PathLike, *set_names: str) -> dict[str, Any]:
+    """Tie the results folder ``out`` to the sets ``set_names`` of protocol ``name``: the first
+    call writes ``out/protocol.json`` (``{"name", "hash", "set", "role", "tasks"}``; several sets:
+    their names and roles joined by ``+``, their tasks added), a later one refuses, before any work
+    and naming the difference, a folder bound to another protocol (a changed file, whose hash
+    differs) or other sets. Returns the record, which the script puts into its results; a set
+    name the protocol lacks is an error naming those it has."""
+    protocol = load_protocol(name)
+    if not set_names:
+        raise ValueError("bind_protocol needs at least one set name")
+    for set_name in set_names:
+        if set_name not in protocol["sets"]:
+            raise UserInputError(f"protocol {protocol['name']} has no set {set_name!r} (sets: {', '.join(protocol['sets'])})")
+    chosen = "+".join(set_names)
+    record = {"name": protocol["name"], "hash": protocol_hash(protocol), "set": chosen,
+              "role": "+".join(protocol["sets"][n]["role"] for n in set_names),
+              "tasks": sum(len(protocol["sets"][n]["ids"]) for n in set_names)}
+    path = Path(out) / "protocol.json"
+    if path.exists():
+        old = json.loads(path.read_text())
+        require_protocol(old.get("hash"), protocol, str(Path(out)))
+        if old.get("set") != chosen:
+            raise UserInputError(f"{out} measures set {old.get('set')!r} of {protocol['name']}, not {chosen!r}: "
+                                 "use another folder")
+        return old
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
 def warmstart_protocol() -> dict[str, Any]:
     """The warm-start protocol as its rules choose it (the committed
     ``configs/protocol/warmstart.json`` must equal this; docs/protocol.md says why each set)."""
@@ -123,4 +154,65 @@ def warmstart_protocol() -> dict[str, Any]:
             {"set": "textcraft_long_easy_t1", "measure": "trees solved of 32", "target": 4},
         ],
         "rule": "ship the candidate if it beats the shipped adapter on most measures (issue 58)",
+    }
+
+
+def learning_protocol() -> dict[str, Any]:
+    """The learning curves' protocol (issue 60) as its rules choose it (the committed
+    ``configs/protocol/learning.json`` must equal this; docs/protocol.md says why each set). Its
+    test sets avoid every task that guided a choice so far: the curves' own (the first 50 easy
+    val tasks, the 34 held-out points of the last 24 medium val tasks) and the warm-start
+    comparison's (:func:`warmstart_protocol`, which chooses the adapter the curves start from)."""
+    from sera_core.envs.registry import BENCHMARKS, pick_tasks
+
+    def ids(env: str, tasks: list[dict]) -> list[str]:
+        return [BENCHMARKS[env].task_id(t) for t in tasks]
+
+    warm = warmstart_protocol()["sets"]
+    easy = ids("textcraft", pick_tasks("textcraft", difficulty="easy"))
+    medium = ids("textcraft", pick_tasks("textcraft", difficulty="medium"))
+    tw_used = set(warm["textworld_easy_dev"]["ids"]) | set(warm["textworld_easy_test"]["ids"])
+    tw_spread = ids("textworld", pick_tasks("textworld", difficulty="easy", per_level=80, spread=True))
+    greedy = {"temperature": 0.0, "trees": 1}
+    sets = {
+        "textcraft_easy_dev": {"benchmark": "textcraft", "split": "val", "role": "dev", "ids": easy[:50], **greedy,
+                               "note": "every curve-2 arm so far was compared on these"},
+        "textcraft_easy_test": {"benchmark": "textcraft", "split": "val", "role": "test", "ids": easy[100:], **greedy,
+                                "note": "after the warm-start protocol's test (easy tasks 51-100)"},
+        "textcraft_medium_dev": {"benchmark": "textcraft", "split": "val", "role": "dev", "ids": medium[24:64], **greedy},
+        "textcraft_medium_test": {"benchmark": "textcraft", "split": "val", "role": "test", "ids": medium[64:104], **greedy},
+        "points_dev": {"benchmark": "textcraft", "split": "val", "role": "dev", "ids": medium[-24:], **greedy,
+                       "note": "the 34 held-out delegation points curve 1 chose its length and arm on"},
+        "points_test": {"benchmark": "textcraft", "split": "val", "role": "test", "ids": medium[104:128], **greedy,
+                        "note": "held-out points built the same way (the noisy expert's mixed groups of 8) on other "
+                                "medium val tasks; the overlap of their subtasks with the training pool's is reported"},
+        "textworld_easy_dev": {"benchmark": "textworld", "split": "test", "role": "dev",
+                               "ids": warm["textworld_easy_dev"]["ids"], **greedy},
+        "textworld_easy_test": {"benchmark": "textworld", "split": "test", "role": "test",
+                                "ids": [i for i in tw_spread if i not in tw_used][:28], **greedy},
+    }
+    return {
+        "name": "learning", "frozen": "2026-12-07",
+        "purpose": "the learning curves and the ablation on the start that can learn (issue 60): dev sets choose "
+                   "arms, lengths, learning rates and checkpoints; test sets report each frozen recipe once",
+        "contract": warmstart_protocol()["contract"], "sets": sets,
+        "runs": {
+            "curve1": {"seeds": [0, 1, 2], "dev": "points_dev", "test": "points_test",
+                       "arms": ["rubric_scorer (SERA's own ranking credit)", "rubric_scorer_label (the label extension)"]},
+            "curve2": {"seeds": [0, 1, 2, 3, 4], "dev": "textcraft_easy_dev", "test": "textcraft_easy_test",
+                       "also": "textcraft_medium_test when the start solves medium dev tasks"},
+            "ablation": {"seeds": [0, 1, 2, 3, 4], "dev": "points_dev", "test": "points_test",
+                         "arms": ["sera", "sera_wo_rt"]},
+        },
+        "intervals": "over seeds: Student's t, 95%; within a seed: exact McNemar on paired success, a seeded "
+                     "bootstrap over tasks or points (sera_core.eval.aggregate)",
+        "measures": [
+            {"run": "curve1", "set": "points_test", "measure": "greedy pairwise accuracy, SERA's own credit",
+             "target": ">= 0.65, t-interval above 0.50"},
+            {"run": "curve2", "set": "textcraft_easy_test", "measure": "root success, after - before",
+             "target": ">= +0.10, t-interval above 0"},
+            {"run": "ablation", "set": "points_test", "measure": "greedy pairwise accuracy, SERA - w/o RT",
+             "target": "t-interval above 0"},
+        ],
+        "rule": "a miss is reported as a miss, with what was tried",
     }

@@ -166,6 +166,9 @@ class RubricStageConfig:
     """Medium train-world tasks whose noisy-expert mixed groups are the training pool."""
     heldout_tasks: int = 24
     """Last medium val tasks whose mixed groups are the held-out points (24: 34 points)."""
+    heldout_ids: tuple[str, ...] | None = None
+    """The held-out points' medium val tasks by id instead (a protocol's set, ``scripts/rubric_curve.py
+    --protocol``; :attr:`heldout_tasks` then unused)."""
     eval_every: int = 5
     """Measure the held-out points before training and after every this many updates (and at the end)."""
     heldout_limit: int | None = None
@@ -231,6 +234,19 @@ class RubricStageConfig:
             raise ValueError(f"heldout_limit must be >= 0 or None, got {self.heldout_limit}")
         if self.gate_weight <= 0:
             raise ValueError(f"gate_weight must be > 0, got {self.gate_weight}")
+        if self.heldout_ids is not None:
+            object.__setattr__(self, "heldout_ids", tuple(self.heldout_ids))
+            if not self.heldout_ids:
+                raise ValueError("heldout_ids, when given, names at least one task")
+
+    @property
+    def heldout_name(self) -> str:
+        """The held-out set in file names: ``24`` (the last 24 tasks) or a digest of :attr:`heldout_ids`."""
+        if self.heldout_ids is None:
+            return str(self.heldout_tasks)
+        import hashlib
+
+        return "ids" + hashlib.sha256("\n".join(self.heldout_ids).encode()).hexdigest()[:12]
 
 
 def branch_rewards(point: DelegationPoint, margin: float = RANKING_MARGIN, credit: str = "hinge") -> list[float | None]:
@@ -354,12 +370,20 @@ def stage_rows(points: Sequence[DelegationPoint], *, train_scorer: bool, score_c
     return rows, count
 
 
-def stage_points(benchmark: str, split: str, tasks: int, path: Path, *, last: bool) -> list[DelegationPoint]:
+def stage_points(benchmark: str, split: str, tasks: int | Sequence[str], path: Path, *, last: bool = False) -> list[DelegationPoint]:
     """The noisy expert's mixed groups on the first (``last``: the last) ``tasks`` medium
-    tasks of ``split``, built once into ``path`` (seconds; the same bytes every time)."""
+    tasks of ``split``, or on the medium tasks of ``split`` with the ids ``tasks`` (in that
+    order; a missing id is an error naming it), built once into ``path`` (seconds; the same
+    bytes every time)."""
     if not path.exists():
         records = pick_tasks(benchmark, split, difficulty="medium")
-        chosen = records[-tasks:] if last else records[:tasks]
+        if isinstance(tasks, int):
+            chosen = records[-tasks:] if last else records[:tasks]
+        else:
+            by_id = {r["id"]: r for r in records}
+            if missing := [i for i in tasks if i not in by_id]:
+                raise ValueError(f"no medium {benchmark} {split} task(s) {missing[:5]}")
+            chosen = [by_id[i] for i in tasks]
         path.parent.mkdir(parents=True, exist_ok=True)
         write_jsonl(path, [p.to_json() for p in heldout_points(benchmark, chosen)])
     return read_points(path)
@@ -369,8 +393,19 @@ def heldout_set(cfg: RubricStageConfig, env: str) -> list[DelegationPoint]:
     """``cfg``'s held-out points in ``env``: the mixed groups of the last ``heldout_tasks``
     medium val tasks (cached in :attr:`~RubricStageConfig.points_folder`), the first
     ``heldout_limit`` of them."""
-    path = cfg.points_folder / f"heldout_{env}_{cfg.heldout_tasks}.jsonl"
-    return stage_points(env, "val", cfg.heldout_tasks, path, last=True)[:cfg.heldout_limit]
+    path = cfg.points_folder / f"heldout_{env}_{cfg.heldout_name}.jsonl"
+    tasks = cfg.heldout_tasks if cfg.heldout_ids is None else cfg.heldout_ids
+    return stage_points(env, "val", tasks, path, last=True)[:cfg.heldout_limit]
+
+
+def subtask_overlap(heldout: Sequence[DelegationPoint], pool: Sequence[DelegationPoint]) -> dict[str, Any]:
+    """How many held-out points delegate a subtask (its text) that some training point of
+    ``pool`` delegates too: ``{"points", "shared", "subtasks_shared", "examples"}``. A shared
+    subtask is a child the trained writer and scorer have seen verbatim (issue 60 reports it)."""
+    trained = {p.subtask for p in pool}
+    shared = [p for p in heldout if p.subtask in trained]
+    subtasks = sorted({p.subtask for p in shared})
+    return {"points": len(heldout), "shared": len(shared), "subtasks_shared": len(subtasks), "examples": subtasks[:5]}
 
 
 class RubricStage(Trainer):
@@ -391,7 +426,7 @@ class RubricStage(Trainer):
         self.last_moved: dict[str, dict[str, float | None]] = {}
         """With ``measure_step``: the last update's :meth:`measure_rows` before and after its step."""
         name = "".join(c if c.isalnum() else "_" for c in self.cfg.model)
-        self.start_file = cache / f"heldout_start_{env}_{name}_{cfg.heldout_tasks}_{len(self.heldout)}.json"
+        self.start_file = cache / f"heldout_start_{env}_{name}_{cfg.heldout_name}_{len(self.heldout)}.json"
         if len(self.pool) < cfg.points_per_update:
             raise ValueError(f"the pool holds {len(self.pool)} mixed points, fewer than points_per_update="
                              f"{cfg.points_per_update}: raise pool_tasks")

@@ -1,0 +1,115 @@
+"""The README's learning table, generated from the experiments' committed results JSON.
+
+Each row is one arm, read from the file its experiment script wrote under ``figures/``
+(``scripts/rubric_curve.py``, ``scripts/execution_curve.py``, ``scripts/tiny_experiment.py``):
+the held-out measure at the start and at the end, and the change, over seeds, as a mean with its
+95% Student's t interval (:func:`~sera_core.eval.aggregate.t_interval`). Nothing in the table is
+typed by hand: ``python -m sera_core.report.learning --write`` rewrites the README's block between
+:data:`BEGIN` and :data:`END`, and a test checks that the committed README holds what the files give.
+
+Which set each row was measured on is named with its role under the ``learning`` protocol
+(docs/protocol.md): every result so far was measured on the sets that chose the recipes, so they
+are dev results; test results come once per frozen recipe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+from sera_core.eval.aggregate import t_interval
+
+ROOT = Path(__file__).resolve().parents[2]
+FIGURES = ROOT / "figures"
+README = ROOT / "README.md"
+BEGIN = "<!-- learning table: python -m sera_core.report.learning --write -->"
+END = "<!-- /learning table -->"
+
+
+def _interval(values: list[float], signed: bool = False) -> str:
+    """``mean [low, high]`` (95% Student's t over seeds, 3 places); the mean alone for one value."""
+    t = t_interval(values)
+    fmt = "{:+.3f}" if signed else "{:.3f}"
+    mean = fmt.format(t["mean"])
+    return mean if not t["half"] else f"{mean} [{fmt.format(t['low'])}, {fmt.format(t['high'])}]"
+
+
+def _curve1(path: Path, arm: str, label: str) -> dict[str, Any]:
+    runs = json.loads(path.read_text())["results"][arm]
+    start = [r["heldout"][0]["pairwise_accuracy"] for r in runs]
+    end = [r["heldout"][-1]["pairwise_accuracy"] for r in runs]
+    return {"curve": "1", "arm": label, "set": "34 held-out points (`points_dev`)", "seeds": len(runs),
+            "measure": "greedy pairwise accuracy", "start": _interval(start), "end": _interval(end),
+            "change": _interval([b - a for a, b in zip(start, end, strict=True)], signed=True),
+            "source": path.relative_to(ROOT).as_posix()}
+
+
+def _curve2(path: Path, label: str) -> dict[str, Any]:
+    record = json.loads(path.read_text())
+    changes = [r["change"] for r in record["runs"]]
+    return {"curve": "2", "arm": label, "set": f"{record['tasks']} easy val tasks (`textcraft_easy_dev`)",
+            "seeds": len(changes), "measure": "root success, T=0", "start": _interval([c["before"]["rate"] for c in changes]),
+            "end": _interval([c["after"]["rate"] for c in changes]),
+            "change": _interval([c["difference"]["rate"] for c in changes], signed=True),
+            "source": path.relative_to(ROOT).as_posix()}
+
+
+def _ablation(folder: Path) -> list[dict[str, Any]]:
+    records = {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+    before = [r for name, r in records.items() if name.startswith("before_seed")]
+    rows = []
+    for arm, label in (("sera", "SERA"), ("sera_wo_rt", "SERA w/o RT"), ("rao", "RAO (the reference)")):
+        runs = [r for name, r in records.items() if name.rsplit("_seed", 1)[0] == arm]
+        if not runs:
+            continue
+        start = (f"{fmean(r['points']['pairwise_accuracy'] for r in before):.3f} / "
+                 f"{fmean(r['root_success'] for r in before):.0%}") if before else "-"
+        rows.append({"curve": "ablation", "arm": label, "set": "34 points / 50 easy val tasks (dev)", "seeds": len(runs),
+                     "measure": "pairwise accuracy / root success", "start": start,
+                     "end": f"{_interval([r['points']['pairwise_accuracy'] for r in runs])} / "
+                            f"{_interval([r['root_success'] for r in runs])}",
+                     "change": "-", "source": folder.relative_to(ROOT).as_posix() + "/"})
+    return rows
+
+
+def learning_rows(figures: Path = FIGURES) -> list[dict[str, Any]]:
+    """One row per arm, from the committed results in ``figures`` (module docstring)."""
+    return [_curve1(figures / "rubric_curve.json", "rubric_scorer", "SERA's own ranking credit (writer + scorer)"),
+            _curve1(figures / "rubric_curve_label.json", "rubric_scorer_label",
+                    "the label extension (the scorer's gate toward the judge's label)"),
+            _curve2(figures / "execution_curve_select.json", "SERA's execution stage, best held-in checkpoint kept"),
+            *_ablation(figures / "tiny_experiment")]
+
+
+def learning_table(rows: list[dict[str, Any]]) -> str:
+    """The rows as the README's markdown table."""
+    lines = ["| curve | arm | measured on (role) | seeds | measure | start | end | change |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['curve']} | {r['arm']} ([data]({r['source']})) | {r['set']} | {r['seeds']} | {r['measure']} | "
+              f"{r['start']} | {r['end']} | {r['change']} |" for r in rows]
+    return "\n".join(lines)
+
+
+def readout(readme: str, table: str) -> str:
+    """``readme`` with the block between :data:`BEGIN` and :data:`END` replaced by ``table``."""
+    if BEGIN not in readme or END not in readme:
+        raise ValueError(f"the README has no {BEGIN} ... {END} block")
+    head, rest = readme.split(BEGIN, 1)
+    return f"{head}{BEGIN}\n{table}\n{END}{rest.split(END, 1)[1]}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="rewrite the README's block (default: print the table)")
+    args = parser.parse_args()
+    table = learning_table(learning_rows())
+    if args.write:
+        README.write_text(readout(README.read_text(), table))
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
