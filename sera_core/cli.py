@@ -257,6 +257,13 @@ def cmd_tiny(args: argparse.Namespace) -> dict[str, Any]:
     model = args.out or EMBEDDED
     if not is_adapter(model):
         raise UserInputError(f"{model} holds no adapter (run `sera tiny build` first)")
+    if args.protocol:  # the frozen protocol's sets (docs/protocol.md), resumable in --save (a folder)
+        from sera_core.tiny.measure import measure_protocol
+
+        if args.save is None:
+            raise UserInputError("measure --protocol keeps its trees and results in a folder: pass --save FOLDER")
+        results = measure_protocol(f"vllm:{model}", args.protocol, args.sets, out=args.save, progress=True)
+        return {"action": "measure", "model": str(model), **results}
     tasks = {env: measured_tasks(env, args.tasks) for env in (BENCHMARKS if args.env == "both" else (args.env,))}
     results = measure(model, tasks, groups=args.groups, points=args.points, progress=True, save=args.save)
     if args.record:  # per benchmark: a measurement of one benchmark keeps the others' recorded figures
@@ -471,7 +478,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measure: one benchmark only, or every one (both; two processes can measure two "
                         "benchmarks side by side)")
     p.add_argument("--record", action="store_true", help="measure: write the results into the model's manifest")
-    p.add_argument("--save", type=Path, help="measure: keep partial figures in this JSON file; a rerun with it resumes")
+    p.add_argument("--save", type=Path, help="measure: keep partial figures in this JSON file; a rerun with it resumes "
+                                                "(with --protocol: a folder)")
+    p.add_argument("--protocol", default=None,
+                   help="measure: the sets of a frozen protocol instead (docs/protocol.md, e.g. warmstart; vLLM engine)")
+    p.add_argument("--sets", nargs="+", default=None, help="measure --protocol: these sets (default: its test sets)")
     p.set_defaults(func=cmd_tiny)
 
     p = sub.add_parser("train", help="train a method from a config file (SERA, RAO, ablations)")

@@ -101,3 +101,33 @@ def test_a_results_folder_is_bound_to_one_protocol_and_set(tmp_path):
         bind_protocol(tmp_path / "out", tmp_path / "changed.json", "textcraft_easy_dev")
     with pytest.raises(UserInputError, match="has no set 'nonesuch'"):
         bind_protocol(tmp_path / "other", "learning", "nonesuch")
+
+
+def test_a_policy_is_measured_on_a_protocols_sets_and_resumes(tmp_path):
+    """``measure_protocol`` (``sera tiny measure --protocol``) on a small protocol of three sets
+    of the warm-start protocol's kinds, with the scripted expert as the policy: greedy root success
+    and well-formed turns, trees solved of ``trees`` per task at temperature 1, and the held-out
+    points' pairwise accuracy; the folder is bound to the protocol, and a second call reads the
+    finished sets instead of playing them again."""
+    from sera_core.tiny.measure import measure_protocol
+
+    warm = load_protocol("warmstart")
+    small = {**warm, "name": "small", "sets": {
+        "easy": {**warm["sets"]["textcraft_easy_test"], "ids": warm["sets"]["textcraft_easy_test"]["ids"][:2]},
+        "long": {**warm["sets"]["textcraft_long_easy_t1"], "ids": warm["sets"]["textcraft_long_easy_t1"]["ids"][:1],
+                 "trees": 2, "role": "test"},
+        "scorer_points": {**warm["sets"]["scorer_points"], "ids": warm["sets"]["scorer_points"]["ids"][-2:]}}}
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps(small))
+    out = tmp_path / "measured"
+    results = measure_protocol("expert", path, out=out)
+    sets = results["sets"]
+    assert set(sets) == {"easy", "long", "scorer_points"} and results["protocol"]["hash"] == protocol_hash(small)
+    assert sets["easy"]["tasks"] == 2 and sets["easy"]["trees"] == 2 and sets["easy"]["well_formed"] == 1.0
+    assert sets["long"]["trees"] == 2 and 0 <= sets["long"]["trees_solved"] <= 2
+    assert sets["scorer_points"]["points"] >= 1 and 0 <= sets["scorer_points"]["pairwise_accuracy"] <= 1
+    assert len(list((out / "long.trees.jsonl").read_text().splitlines())) == 2  # tree by tree, t0 and t1
+    again = measure_protocol("expert", path, out=out)
+    assert again == results  # read back, not played again
+    with pytest.raises(UserInputError, match="measures expert, not vllm:tiny"):
+        measure_protocol("vllm:tiny", path, out=out)

@@ -152,18 +152,19 @@ def measure(model: str | os.PathLike, tasks: dict[str, list[dict]], *, groups: i
     return out
 
 
-def rescore_points(policy: HFPolicy, benchmark: str, tasks: int, *, seed: int = 0, max_batch: int = 64,
+def rescore_points(policy: Any, benchmark: str, tasks: int | list[dict], *, seed: int = 0, max_batch: int = 64,
                    progress: bool = False, kept: Path | None = None,
                    chunk: int = POINTS_CHUNK) -> tuple[list[DelegationPoint], float]:
-    """The held-out points of the last ``tasks`` tasks (:func:`points_tasks`) rescored by
-    ``policy`` at temperature 0, ``chunk`` points at a time, and the seconds it took.
+    """The held-out points of the last ``tasks`` tasks (:func:`points_tasks`), or of the task
+    records ``tasks``, rescored by ``policy`` (a token-level policy, or an actor: anything with
+    ``complete``) at temperature 0, ``chunk`` points at a time, and the seconds it took.
 
     With ``kept``, each finished chunk is added to that JSON-lines file (one rescored point
     and its share of the chunk's seconds a line; the file is replaced atomically) and a rerun
     starts after the points already there, so an interrupted run of hours loses at most one
     chunk. A line whose point is not the held-out point expected at its position (another
     ``tasks``, ``seed`` or code version) is an error, not a silent mix."""
-    held = heldout_points(benchmark, points_tasks(benchmark, tasks), seed=seed)
+    held = heldout_points(benchmark, points_tasks(benchmark, tasks) if isinstance(tasks, int) else tasks, seed=seed)
     rows = list(read_jsonl(kept)) if kept is not None and kept.exists() else []
     done = [DelegationPoint.from_json(row["point"]) for row in rows]
     if len(done) > len(held):
@@ -174,7 +175,8 @@ def rescore_points(policy: HFPolicy, benchmark: str, tasks: int, *, seed: int = 
                                  f"{want.tree_id}/{want.child_id}: it was written for other held-out points; remove it")
     seconds = sum(row["seconds"] for row in rows)
     greedy = RuntimeConfig(temperature=0.0, rubric_temperature=0.0, seed=seed)
-    runtime = Runtime(benchmark, PolicyActor(policy, max_batch=max_batch), greedy)
+    actor = policy if hasattr(policy, "complete") else PolicyActor(policy, max_batch=max_batch)
+    runtime = Runtime(benchmark, actor, greedy)
     for start in tqdm(range(len(done), len(held), chunk), desc=f"rescore {benchmark} points ({chunk} at a time)",
                       disable=not progress):
         t0 = time.perf_counter()
@@ -189,10 +191,10 @@ def rescore_points(policy: HFPolicy, benchmark: str, tasks: int, *, seed: int = 
 
 
 def play_kept(runtime: Runtime, tasks: list[dict], *, progress: bool = False,
-              kept: Path | None = None) -> tuple[list[Rollout], float]:
-    """``tasks`` played concurrently through ``runtime``, one tree each: their rollouts (trees
-    and delegation points) in task order, and the wall seconds the playing took, summed over
-    the runs that played them.
+              kept: Path | None = None, trees: int = 1) -> tuple[list[Rollout], float]:
+    """``tasks`` played concurrently through ``runtime``, ``trees`` trees each: their rollouts
+    (trees and delegation points) in task order, and the wall seconds the playing took, summed
+    over the runs that played them.
 
     With ``kept``, each rollout is added to that JSON-lines file as soon as its tree ends (a
     line: the tree, its points, its own seconds, and ``wall``: the run's seconds since it
@@ -202,7 +204,7 @@ def play_kept(runtime: Runtime, tasks: list[dict], *, progress: bool = False,
     the ones a single run would play. A line for a task not in ``tasks`` is an error, not a
     silent mix."""
     rows = list(read_jsonl(kept)) if kept is not None and kept.exists() else []
-    ids = [f"{runtime.benchmark.task_id(t)}/t0" for t in tasks]  # Runtime.rollouts' tree ids
+    ids = [f"{runtime.benchmark.task_id(t)}/t{k}" for t in tasks for k in range(trees)]  # Runtime.rollouts' tree ids
     done = {row["tree"]["tree_id"]: Rollout(Tree.from_json(row["tree"]), [DelegationPoint.from_json(p) for p in row["points"]],
                                             row["seconds"]) for row in rows}
     if set(done) - set(ids):
@@ -219,10 +221,68 @@ def play_kept(runtime: Runtime, tasks: list[dict], *, progress: bool = False,
         if kept is not None:
             write_jsonl(kept, rows)
 
-    todo = [t for t, i in zip(tasks, ids, strict=True) if i not in done]
-    played = runtime.run(todo, progress=progress, on_done=keep)
-    done |= {r.tree.tree_id: r for r in played}
+    todo = [t for t in tasks if any(f"{runtime.benchmark.task_id(t)}/t{k}" not in done for k in range(trees))]
+    kept_ids = set(done)  # a task with some trees kept plays them all again (the same trees: seeds follow ids)
+
+    def keep_new(rollout: Rollout) -> None:
+        if rollout.tree.tree_id not in kept_ids:
+            keep(rollout)
+
+    played = runtime.run(todo, trees=trees, progress=progress, on_done=keep_new)
+    done |= {r.tree.tree_id: r for r in played if r.tree.tree_id not in kept_ids}
     return [done[i] for i in ids], sum(row["wall"] for row in rows)
+
+
+def measure_protocol(spec: str, protocol: str, sets: list[str] | None = None, *, out: str | os.PathLike,
+                     progress: bool = False) -> dict[str, Any]:
+    """The policy ``spec`` (:func:`~sera_core.agents.actors.make_actor`: ``vllm:tiny``,
+    ``vllm:FOLDER``, ``hf:FOLDER``) measured on ``sets`` (default: every test set) of the frozen
+    ``protocol`` (docs/protocol.md), at its contract's caps, into ``out/results.json``:
+
+    * a set whose ``note`` names delegation points (``scorer_points``, ``points_*``): the noisy
+      expert's mixed groups of 8 on its tasks, rescored at temperature 0: greedy pairwise
+      accuracy, belief accuracy, ranking loss, rubric and score validity (:func:`point_metrics`);
+    * any other set: its tasks played with ``trees`` trees each at its ``temperature`` (seed
+      ``seed``, default 0): root success, trees solved, well-formed act turns, delegations
+      (:func:`_figures`).
+
+    Each set's trees or points are kept in ``out`` as they end (:func:`play_kept`,
+    :func:`rescore_points`) and each finished set is written at once, so an interrupted
+    measurement resumes; ``out`` is bound to the protocol's hash and sets
+    (:func:`~sera_core.eval.protocol.bind_protocol`): a changed protocol is refused before any work."""
+    from sera_core.agents.actors import make_actor
+    from sera_core.eval.protocol import bind_protocol, load_protocol, protocol_tasks
+
+    chosen = load_protocol(protocol)
+    sets = sets or [name for name, spec_ in chosen["sets"].items() if spec_["role"] == "test"]
+    out = Path(out)
+    record = bind_protocol(out, protocol, *sets)
+    path = out / "results.json"
+    results = json.loads(path.read_text()) if path.exists() else {"policy": spec, "protocol": record, "sets": {}}
+    if results["policy"] != spec:
+        raise UserInputError(f"{path} measures {results['policy']}, not {spec}: use another folder")
+    contract = chosen["contract"]
+    actor = None
+    for name in sets:
+        if name in results["sets"]:
+            continue
+        actor = actor or make_actor(spec)
+        set_spec, tasks = chosen["sets"][name], protocol_tasks(chosen, name)
+        bench, t0 = set_spec["benchmark"], time.perf_counter()
+        if "points" in set_spec.get("note", "") or name.startswith("points"):
+            rescored, _ = rescore_points(actor, bench, tasks, progress=progress, kept=out / f"{name}.points.jsonl")
+            figures = point_metrics(rescored, getattr(getattr(actor, "policy", None), "decode", None))
+        else:
+            cfg = RuntimeConfig(temperature=set_spec["temperature"], rubric_temperature=set_spec["temperature"],
+                                seed=set_spec.get("seed", 0), max_depth=contract["max_depth"],
+                                max_steps_per_agent=contract["max_steps_per_agent"], max_new_tokens=contract["max_new_tokens"])
+            rollouts, _ = play_kept(Runtime(bench, actor, cfg), tasks, progress=progress,
+                                    kept=out / f"{name}.trees.jsonl", trees=set_spec["trees"])
+            figures = _figures(rollouts, bench) | {"trees_solved": sum(1 for r in rollouts if (r.tree.root_reward or 0) >= 1),
+                                                   "trees": len(rollouts)}
+        results["sets"][name] = figures | {"role": set_spec["role"], "seconds": round(time.perf_counter() - t0, 1)}
+        write_atomic(path, json.dumps(results, indent=1).encode())
+    return results
 
 
 def play_groups(actor: Any, benchmark: str, tasks: list[dict], *, seed: int = 0, progress: bool = False,
