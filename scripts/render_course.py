@@ -11,8 +11,16 @@ needs and drops what would make the file large or unstable:
 * notebook and cell metadata other than ``kernelspec``, ``language_info`` and ``tags``;
 * standard-error streams (engine logs, warnings, progress bars) and widget outputs (they do
   not render outside a live kernel), and the ``execution`` timings papermill adds;
+* progress bars drawn as widgets (tqdm and vLLM in a notebook): outside a live kernel only their
+  first frame remains, a bar frozen at 0% (:data:`PROGRESS`; a widget with an HTML form, such
+  as the tree browser, keeps that form);
 * vLLM's log lines (it logs to standard output: :data:`ENGINE_LOG`) are dropped;
 * stdout and text results longer than :data:`MAX_TEXT` characters are cut in the middle.
+
+Under the title a short notice (a markdown cell tagged ``stored-outputs``, :func:`notice`) says
+which setting produced the stored outputs, how long it took on which machine, when, and at which
+commit; ``course_times.json`` holds the same entry, and a test checks that the two agree.
+``--notices`` rewrites the notices from ``course_times.json`` without executing anything.
 
 Execution counts are renumbered 1, 2, ... in cell order. Tables (HTML and text) and plots
 (PNG) stay; a notebook larger than :data:`MAX_BYTES` after cleaning is an error, so that the
@@ -49,17 +57,34 @@ ENGINE_LOG = re.compile(r"^(\x1b\[[0-9;]*m)*\((MainProcess|EngineCore\w*|Worker\
 """A line of vLLM's log (it writes to standard output); such lines are not kept."""
 MAX_TEXT = 4_000
 """The longest a kept text output may be (characters); longer ones are cut in the middle."""
+CUT_MARK = re.compile(r"^\[\.\.\. \d+ (lines|characters) cut \.\.\.\]$", re.M)
+"""The marker line of a cut text."""
+PROGRESS = re.compile(r"\d{1,3}%(\||\s+Completed \|).*\[\d+:\d\d<")
+"""A progress bar's text (tqdm's ``label:  40%|####  | 2/5 [00:01<00:02, ...]``, vLLM's ``40% Completed |``)."""
 NOTEBOOK_METADATA = ("kernelspec", "language_info")
 DROPPED_MIME = ("application/vnd.jupyter.widget-view+json", "application/vnd.jupyter.widget-state+json",
                 "application/javascript")
 
 
 def _cut(text: str) -> str:
-    """``text`` with its middle replaced by a marker when it is longer than :data:`MAX_TEXT`."""
-    if len(text) <= MAX_TEXT:
+    """``text`` with whole lines cut from its middle when it is longer than :data:`MAX_TEXT`:
+    the first and the last lines that fit in half of it each, and a marker line saying how many
+    lines went (a line longer than half is cut inside). The result is at most :data:`MAX_TEXT`
+    long, so cutting again leaves it as it is, as it leaves a text cut by an earlier version
+    (:data:`CUT_MARK`)."""
+    if len(text) <= MAX_TEXT or CUT_MARK.search(text):
         return text
-    half = MAX_TEXT // 2
-    return f"{text[:half]}\n[... {len(text) - MAX_TEXT} characters cut ...]\n{text[-half:]}"
+    lines = text.splitlines(keepends=True)
+    budget = (MAX_TEXT - 40) // 2
+    head: list[str] = []
+    while lines and len("".join(head)) + len(lines[0]) <= budget:
+        head.append(lines.pop(0))
+    tail: list[str] = []
+    while lines and len("".join(tail)) + len(lines[-1]) <= budget:
+        tail.insert(0, lines.pop())
+    if not head and not tail:  # one long line: cut inside it
+        return f"{text[:budget]}\n[... {len(text) - 2 * budget} characters cut ...]\n{text[-budget:]}"
+    return "".join(head) + f"[... {len(lines)} lines cut ...]\n" + "".join(tail)
 
 
 def _text(value) -> str:
@@ -91,7 +116,8 @@ def clean(nb: dict) -> dict:
                     out["text"] = _cut(text)
                 elif out["output_type"] in ("display_data", "execute_result"):
                     out["data"] = {k: v for k, v in out["data"].items() if k not in DROPPED_MIME}
-                    if not out["data"]:
+                    if not out["data"] or (set(out["data"]) == {"text/plain"}
+                                           and PROGRESS.search(_text(out["data"]["text/plain"]))):
                         continue
                     if "text/plain" in out["data"]:
                         out["data"]["text/plain"] = _cut(_text(out["data"]["text/plain"]))
@@ -105,8 +131,56 @@ def clean(nb: dict) -> dict:
     return nb
 
 
-def render(path: Path, *, smoke: bool, timeout: int) -> float:
-    """Execute ``path`` with papermill (module docstring), store it cleaned; the seconds it took."""
+NOTICE_TAG = "stored-outputs"
+SETTINGS = {"smoke": "the smoke setting (`SMOKE = True`, what CI runs)",
+            "full": "the full setting (the parameters cell as it stands)"}
+
+
+def notice(entry: dict) -> str:
+    """The notice under a notebook's title for its ``course_times.json`` entry."""
+    commit = f"commit `{entry['commit']}`" if entry.get("commit") else "commit not recorded"
+    return (f"*Stored outputs: {SETTINGS[entry['setting']]}, {entry['seconds']:.0f} s on {entry['cores']} cores "
+            f"({entry['machine']}), {entry['date']}, {commit}. The parameters cell below shows the full setting; "
+            f"run it to see the full lesson.*")
+
+
+def with_notice(nb: dict, entry: dict) -> dict:
+    """``nb`` with its notice cell (second cell, after the title) set to :func:`notice` of ``entry``."""
+    cell = {"cell_type": "markdown", "metadata": {"tags": [NOTICE_TAG]}, "source": notice(entry)}
+    cells = [c for c in nb["cells"] if NOTICE_TAG not in c.get("metadata", {}).get("tags", [])]
+    cell["id"] = next((c.get("id") for c in nb["cells"] if NOTICE_TAG in c.get("metadata", {}).get("tags", [])),
+                      "stored-outputs")
+    nb["cells"] = cells[:1] + [cell] + cells[1:]
+    return nb
+
+
+def commit() -> str | None:
+    """The repository's short commit, with ``+changes`` when the working tree differs from it."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=ROOT).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, check=True, cwd=ROOT).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+changes" if dirty else "")
+
+
+def time_entry(seconds: float, smoke: bool) -> dict:
+    """A notebook's ``course_times.json`` entry for a render that took ``seconds`` now, here."""
+    from sera_core.utils.hardware import describe
+
+    here = describe()
+    return {"seconds": round(seconds, 1), "setting": "smoke" if smoke else "full", "date": time.strftime("%Y-%m-%d"),
+            "cores": os.cpu_count(), "machine": f"{here['cpu'] or platform.machine()}, torch {here['torch_cpu_capability']}",
+            "commit": commit()}
+
+
+def render(path: Path, *, smoke: bool, timeout: int) -> dict:
+    """Execute ``path`` with papermill (module docstring), store it cleaned with its notice;
+    its ``course_times.json`` entry."""
     import papermill as pm
 
     out = Path(tempfile.mkdtemp(prefix="render_course_")) / path.name  # outside notebooks/: never seen as a notebook
@@ -115,14 +189,15 @@ def render(path: Path, *, smoke: bool, timeout: int) -> float:
         pm.execute_notebook(str(path), str(out), parameters={"SMOKE": True} if smoke else {}, cwd=str(NOTEBOOKS),
                             kernel_name="python3", progress_bar=False, execution_timeout=timeout)
         seconds = time.perf_counter() - start
-        text = json.dumps(clean(json.loads(out.read_text())), indent=1, ensure_ascii=False) + "\n"
+        entry = time_entry(seconds, smoke)
+        text = json.dumps(with_notice(clean(json.loads(out.read_text())), entry), indent=1, ensure_ascii=False) + "\n"
     finally:
         shutil.rmtree(out.parent, ignore_errors=True)
     if len(text.encode()) > MAX_BYTES:
         raise SystemExit(f"{path.name}: {len(text.encode()):,} bytes after cleaning, over {MAX_BYTES:,}: "
                          "show less (smaller figures, shorter tables)")
     path.write_text(text)
-    return seconds
+    return entry
 
 
 def main() -> None:
@@ -130,6 +205,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="run the smoke setting (CI's) instead of the full one")
     parser.add_argument("--only", nargs="+", default=None, help="notebook numbers to render (e.g. 05 06)")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds a cell may take")
+    parser.add_argument("--notices", action="store_true", help="only rewrite each notice from course_times.json")
     args = parser.parse_args()
     env_smoke = os.environ.pop("SERA_SMOKE", None)  # the kernel inherits it: the setting is this script's choice
     if env_smoke:
@@ -139,13 +215,14 @@ def main() -> None:
         paths = [p for p in paths if p.name[:2] in args.only]
     times = json.loads(TIMES.read_text()) if TIMES.is_file() else {"notebooks": {}}
     for path in paths:
+        if args.notices:
+            nb = with_notice(json.loads(path.read_text()), times["notebooks"][path.stem])
+            path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+            continue
         print(f"{path.name} ...", flush=True)
-        seconds = render(path, smoke=args.smoke, timeout=args.timeout)
-        times["notebooks"][path.stem] = {"seconds": round(seconds, 1), "setting": "smoke" if args.smoke else "full",
-                                         "date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(),
-                                         "machine": platform.machine()}
+        times["notebooks"][path.stem] = entry = render(path, smoke=args.smoke, timeout=args.timeout)
         TIMES.write_text(json.dumps(times, indent=1, sort_keys=True) + "\n")
-        print(f"{path.name}: {seconds:.0f} s, {path.stat().st_size:,} bytes", flush=True)
+        print(f"{path.name}: {entry['seconds']:.0f} s, {path.stat().st_size:,} bytes", flush=True)
 
 
 if __name__ == "__main__":

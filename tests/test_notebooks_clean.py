@@ -13,6 +13,28 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.i
 CHECK = "# NBVAL_CHECK_OUTPUT"
 
 
+def _render_course():
+    """``scripts/render_course.py`` as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("render_course", NOTEBOOKS[0].parents[1] / "scripts" / "render_course.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_the_notice_under_the_title_says_what_course_times_records(path):
+    """The second cell says which setting produced the stored outputs, their time, machine,
+    date and commit: exactly the notebook's ``course_times.json`` entry."""
+    render = _render_course()
+    entry = json.loads(render.TIMES.read_text())["notebooks"][path.stem]
+    cell = json.loads(path.read_text())["cells"][1]
+    assert cell["metadata"].get("tags") == [render.NOTICE_TAG], "python scripts/render_course.py --notices"
+    assert "".join(cell["source"]) == render.notice(entry)
+    assert entry["setting"] in render.SETTINGS and entry["seconds"] > 0
+
+
 def test_the_course_is_numbered_in_order():
     numbers = [int(p.name[:2]) for p in NOTEBOOKS]
     assert numbers == list(range(len(NOTEBOOKS))) and len(NOTEBOOKS) >= 12
@@ -47,6 +69,9 @@ def test_notebook_is_clean(path):
         assert rendered or checked or outputs == [], "clear the outputs, or render the whole notebook with make course"
         assert not any(o["output_type"] == "stream" and o["name"] == "stderr" for o in outputs), "no stderr kept"
         assert not any(k.startswith("application/vnd.jupyter.widget") for o in outputs for k in o.get("data", {}))
+        assert not any(re.search(r"\d%(\||\s+Completed \|)", json.dumps(o.get("data", {}))) for o in outputs), \
+            "a progress bar frozen at its first frame (render with make course)"
+        assert not any("VBox(children=" in json.dumps(o.get("data", {})) for o in outputs), "a widget with no static form"
         if checked:  # a checked cell keeps a small text output (nbval compares it)
             assert outputs and all(o["output_type"] == "stream" for o in outputs)
             assert len(json.dumps(outputs)) < 2000
@@ -111,12 +136,9 @@ def test_full_scale_notebook_dry_run_under_papermill(tmp_path):
 
 def test_render_course_keeps_what_a_reader_needs_and_drops_the_rest():
     """``scripts/render_course.py``'s ``clean``: papermill's injected cell, volatile metadata,
-    stderr and widget outputs go; tables, plots and stdout stay (long text cut); counts renumbered."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("render_course", NOTEBOOKS[0].parents[1] / "scripts" / "render_course.py")
-    render = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(render)
+    stderr, widget outputs and frozen progress bars go; tables, plots and stdout stay (long text
+    cut); counts renumbered."""
+    render = _render_course()
     png = {"image/png": "iVBORw0KGgo=", "text/plain": "<Figure>"}
     nb = {"metadata": {"kernelspec": {"name": "python3"}, "papermill": {"duration": 3.2}}, "nbformat": 4, "cells": [
         {"cell_type": "markdown", "metadata": {}, "source": "# title"},
@@ -131,6 +153,11 @@ def test_render_course_keeps_what_a_reader_needs_and_drops_the_rest():
               "text": ["\x1b[0;36m(MainProcess pid=7)\x1b[0;0m INFO 12-03 [core.py:1] init\n", "(EngineCore_0 pid=8) x\n"]},
              {"output_type": "stream", "name": "stdout", "text": ["(MainProcess pid=7) WARNING y\n", "kept\n"]},
              {"output_type": "display_data", "metadata": {}, "data": {"application/vnd.jupyter.widget-view+json": {}}},
+             {"output_type": "display_data", "metadata": {}, "data": {  # tqdm's widget: its first frame is all that stays
+                 "application/vnd.jupyter.widget-view+json": {}, "text/plain": "train sera:   0%|          | 0/3 [00:00<?, ?it/s]"}},
+             {"output_type": "display_data", "metadata": {},
+              "data": {"text/plain": "Loading safetensors checkpoint shards:   0% Completed | 0/1 [00:00<?, ?it/s]\n"}},
+             {"output_type": "display_data", "metadata": {}, "data": {"text/plain": "accuracy: 40% | 2/5 tasks"}},
              {"output_type": "display_data", "metadata": {"image/png": {"width": 400}}, "data": png},
              {"output_type": "execute_result", "execution_count": 3, "metadata": {}, "data": {"text/html": "<table/>"}}]},
     ]}
@@ -140,8 +167,18 @@ def test_render_course_keeps_what_a_reader_needs_and_drops_the_rest():
     params, work = out["cells"][1], out["cells"][2]
     assert (params["execution_count"], work["execution_count"]) == (1, 2) and work["metadata"] == {}
     kinds = [(o["output_type"], o.get("name")) for o in work["outputs"]]
-    assert kinds == [("stream", "stdout"), ("stream", "stdout"), ("display_data", None), ("execute_result", None)]
+    assert kinds == [("stream", "stdout"), ("stream", "stdout"), ("display_data", None), ("display_data", None),
+                     ("execute_result", None)]  # the frozen progress bars went; a line with a percentage stayed
+    assert work["outputs"][2]["data"] == {"text/plain": "accuracy: 40% | 2/5 tasks"}
+    work["outputs"].pop(2)
     assert len(work["outputs"][0]["text"]) < 5_000 and "characters cut" in work["outputs"][0]["text"]
+    tree = "".join(f"line {i} " + "|" * (i % 50) + "\n" for i in range(400))  # a long tree: cut between lines
+    cut = render._cut(tree)
+    assert len(cut) <= render.MAX_TEXT and render._cut(cut) == cut  # cleaning a stored notebook again changes nothing
+    kept = cut.splitlines()
+    marker = next(i for i, line in enumerate(kept) if line.startswith("[..."))
+    assert all(line in tree.splitlines() for line in kept[:marker] + kept[marker + 1:])  # whole lines only
+    assert kept[marker] == f"[... {400 - len(kept) + 1} lines cut ...]" and kept[0] == "line 0 " and kept[-1].startswith("line 399")
     assert work["outputs"][1]["text"] == "kept\n"  # the engine's line went, the notebook's own stayed
     assert work["outputs"][2]["data"] == png and work["outputs"][3]["execution_count"] == 2
     assert nb["cells"][3]["outputs"][0]["name"] == "stderr"  # the input is not changed

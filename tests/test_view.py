@@ -272,3 +272,20 @@ def test_browser_select_tree_and_display():
     assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == browser.widget.model_id
     with pytest.raises(ValueError):
         TreeBrowser([])
+
+
+@needs_widgets
+def test_a_stored_notebook_shows_the_browser_as_html_not_a_widget_repr():
+    """Where no widget runs (a notebook on GitHub), the bundle's HTML shows what the browser
+    shows: the node list with the shown node in bold, the node panel, the branch columns side
+    by side; the plain text names the browser instead of ``VBox(children=...)``."""
+    tree = _tree("t1")
+    point = _point(tree, "0.1", [True, False, True, False, None, True, False, True])
+    browser = TreeBrowser([tree], [point])
+    browser.select_node("0.1")
+    bundle = browser._repr_mimebundle_()
+    html = bundle["text/html"]
+    assert bundle["text/plain"] == "TreeBrowser: 1 trees, showing t1 node 0.1" and "VBox" not in html
+    assert browser.detail_html() in html and "<b>\u00a0\u00a00.1" in html
+    assert html.count("flex: 1 1 0%; min-width: 10em") == 8 and all(c.value in html for c in browser.branch_columns())
+    assert "ranking loss 0.000 over 12 pairs" in html

@@ -204,6 +204,17 @@ def _branch_html(branch: Branch, max_chars: int = 240) -> str:
     return head + body
 
 
+def _static_html(widget: Any) -> str:
+    """The HTML that a tree of ipywidgets (``HTML`` leaves in ``VBox``/``HBox`` boxes) shows:
+    an ``HBox``'s children side by side, a ``VBox``'s one under another."""
+    if hasattr(widget, "children"):
+        row = type(widget).__name__ == "HBox"
+        style = "display: flex; gap: 4px; overflow: auto" if row else ""
+        cell = "flex: 1 1 0%; min-width: 10em; border: 1px solid #ccc; padding: 4px" if row else ""
+        return f'<div style="{style}">' + "".join(f'<div style="{cell}">{_static_html(c)}</div>' for c in widget.children) + "</div>"
+    return getattr(widget, "value", "")
+
+
 class TreeBrowser:
     """A notebook browser over trees and their delegation points (ipywidgets).
 
@@ -240,7 +251,26 @@ class TreeBrowser:
         self._show_tree(0)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.widget._repr_mimebundle_(**kwargs)
+        """The live widgets for a running kernel, and :meth:`snapshot_html` beside them for a
+        stored notebook, where no widget runs (GitHub, nbviewer: they would show only
+        ``VBox(children=...)``)."""
+        bundle = dict(self.widget._repr_mimebundle_(**kwargs) or {})
+        bundle["text/html"] = self.snapshot_html()
+        bundle["text/plain"] = f"TreeBrowser: {len(self.trees)} trees, showing {self.tree.tree_id} node {self.node_select.value}"
+        return bundle
+
+    def snapshot_html(self) -> str:
+        """The browser as it shows now, as static HTML: the tree's nodes (indented by depth,
+        the shown one in bold) beside the node panel, then the branch groups at that node."""
+        esc = html.escape
+        rows = [f"<b>{esc(label)}</b>" if value == self.node_select.value else esc(label)
+                for label, value in self.node_select.options]
+        nodes = _PRE.format("<br>".join(rows)).replace("white-space: pre-wrap", "white-space: pre")
+        return (f"<div><b>tree</b> {esc(self.tree.tree_id)} ({esc(self.tree.env)} {esc(self.tree.task_id)}), "
+                f"{len(self.trees)} in this browser<div style=\"display: flex; gap: 1em\">"
+                f"<div style=\"flex: 0 0 32%; overflow: auto\">{nodes}</div>"
+                f"<div style=\"flex: 1 1 0%\">{self.detail.value}</div></div>"
+                f"<b>branch groups</b>{_static_html(self.branches)}</div>")
 
     def select_tree(self, index: int) -> None:
         """Show ``trees[index]`` (its root node selected)."""
