@@ -57,6 +57,7 @@ from pathlib import Path
 import yaml
 
 from sera_core.agents.corpus import default_tokenizer
+from sera_core.course import code_version
 from sera_core.policy.tiny import TinyModelConfig, init_model
 from sera_core.train.config import CONFIGS, load_config
 
@@ -348,14 +349,6 @@ def fsdp_updates(accel_file: Path, train_file: Path, out: Path, processes: int) 
     return check
 
 
-def git_commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=ROOT).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("runs/gpu_check"))
@@ -376,7 +369,7 @@ def main() -> int:
     t0 = time.perf_counter()
     model, params = build(args.out)
     accel_file, train_file = write_configs(args.out, model)
-    report: dict = {"when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "commit": git_commit(),
+    report: dict = {"when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "commit": code_version()["commit"],
                     "dry_run": args.dry_run, "model": str(model), "parameters": params,
                     "accelerate_config": str(accel_file), "train_config": str(train_file)}
     checks = [engine_arguments(model, train_file), fsdp_plan(model, accel_file, train_file)]

@@ -155,17 +155,14 @@ def with_notice(nb: dict, entry: dict) -> dict:
 
 
 def commit() -> str | None:
-    """The repository's short commit, with ``+changes`` when the working tree differs from it."""
-    import subprocess
+    """The repository's short commit (:func:`~sera_core.course.code_version`), with ``+changes``
+    when tracked files differ from it; None outside a checkout."""
+    from sera_core.course import code_version
 
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=ROOT).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, check=True, cwd=ROOT).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
+    version = code_version()
+    if version["commit"] is None:
         return None
-    return head + ("+changes" if dirty else "")
+    return version["commit"][:7] + ("+changes" if version["dirty"] else "")
 
 
 def time_entry(seconds: float, smoke: bool) -> dict:

@@ -239,7 +239,7 @@ def measure_protocol(spec: str, protocol: str, sets: list[str] | None = None, *,
     ``vllm:FOLDER``, ``hf:FOLDER``) measured on ``sets`` (default: every test set) of the frozen
     ``protocol`` (docs/protocol.md), at its contract's caps, into ``out/results.json``:
 
-    * a set whose ``note`` names delegation points (``scorer_points``, ``points_*``): the noisy
+    * a set named for delegation points (``scorer_points``, ``points_dev``, ``points_test``): the noisy
       expert's mixed groups of 8 on its tasks, rescored at temperature 0: greedy pairwise
       accuracy, belief accuracy, ranking loss, rubric and score validity (:func:`point_metrics`);
     * any other set: its tasks played with ``trees`` trees each at its ``temperature`` (seed
@@ -269,7 +269,7 @@ def measure_protocol(spec: str, protocol: str, sets: list[str] | None = None, *,
         actor = actor or make_actor(spec)
         set_spec, tasks = chosen["sets"][name], protocol_tasks(chosen, name)
         bench, t0 = set_spec["benchmark"], time.perf_counter()
-        if "points" in set_spec.get("note", "") or name.startswith("points"):
+        if "points" in name:
             rescored, _ = rescore_points(actor, bench, tasks, progress=progress, kept=out / f"{name}.points.jsonl")
             figures = point_metrics(rescored, getattr(getattr(actor, "policy", None), "decode", None))
         else:
