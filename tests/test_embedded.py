@@ -369,8 +369,12 @@ SMALL_EPOCH = replace(SMALL_WARMSTART, sft=replace(SMALL_WARMSTART.sft, tokens_p
 def test_a_packed_epoch_build_sees_every_demonstration_once_and_resumes_exactly(stand_in, tmp_path):
     """The one-epoch build's shape on the small recipe: the manifest says one whole epoch, every
     position of every demonstration trained once and none cut; stopped after step 4 and
-    resumed (last checkpoint at 3), it writes the uninterrupted build's adapter, byte for byte."""
+    resumed (last checkpoint at 3), it writes the uninterrupted build's adapter, byte for byte.
+    A rerun into a finished build's folder returns its manifest and touches nothing."""
     whole = build_adapter(SMALL_EPOCH, tmp_path / "whole", base=stand_in, progress=False)
+    stamp = (tmp_path / "whole" / "adapter_model.safetensors").stat().st_mtime_ns
+    assert build_adapter(SMALL_EPOCH, tmp_path / "whole", base=stand_in, progress=False) == whole
+    assert (tmp_path / "whole" / "adapter_model.safetensors").stat().st_mtime_ns == stamp
     plan = plan_build(SMALL_EPOCH, base=stand_in)
     training = whole["training"]
     assert training["epochs"] == 1.0 and training["steps"] == training["total_steps"] == plan["steps"] > 4

@@ -131,3 +131,54 @@ def test_a_policy_is_measured_on_a_protocols_sets_and_resumes(tmp_path):
     assert again == results  # read back, not played again
     with pytest.raises(UserInputError, match="measures expert, not vllm:tiny"):
         measure_protocol("vllm:tiny", path, out=out)
+
+
+def test_two_measurements_are_compared_by_the_protocols_rule_tree_by_tree(tmp_path):
+    """``sera tiny compare`` (:func:`~sera_core.tiny.verdict.compare_measurements`): a careful and
+    a careless scripted expert measured on a small protocol with three measures; each measure's
+    two values are the measurements' own figures, the paired counts are the trees each alone
+    solved (their difference is the change in trees solved), the McNemar p follows from them, and
+    the candidate ships exactly when it beats the other on more than half the measures. By
+    default a measurement plays the sets its measures read even when they are dev sets."""
+    from sera_core.agents.actors import noisy_expert
+    from sera_core.eval.aggregate import mcnemar_exact
+    from sera_core.tiny.measure import default_sets, measure_protocol
+    from sera_core.tiny.verdict import compare_measurements, verdict_table
+
+    warm = load_protocol("warmstart")
+    small = {**warm, "name": "small", "sets": {
+        "easy": {**warm["sets"]["textcraft_easy_test"], "ids": warm["sets"]["textcraft_easy_test"]["ids"][:4]},
+        "long": {**warm["sets"]["textcraft_long_easy_t1"], "ids": warm["sets"]["textcraft_long_easy_t1"]["ids"][:2],
+                 "trees": 2},
+        "unread": {**warm["sets"]["textcraft_easy_dev"], "ids": warm["sets"]["textcraft_easy_dev"]["ids"][:1]}},
+        "measures": [{"set": "easy", "measure": "root success", "target": 0.6},
+                     {"set": "easy", "measure": "well-formed act turns", "target": 0.95},
+                     {"set": "long", "measure": "trees solved of 32", "target": 3}]}
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps(small))
+    assert default_sets(small) == ["easy", "long"]  # long is a dev set a measure reads; unread is neither
+    careful = measure_protocol("expert", path, out=tmp_path / "careful")
+    careless = measure_protocol("careless", path, out=tmp_path / "careless", actor=noisy_expert(0.9))
+    verdict = compare_measurements(tmp_path / "careless", tmp_path / "careful", path)
+    rows = {(r["set"], r["measure"]): r for r in verdict["measures"]}
+    success, solved = rows["easy", "root success"], rows["long", "trees solved of 32"]
+    assert success["candidate"] == careful["sets"]["easy"]["success"]["easy"] == 1.0
+    assert success["shipped"] == careless["sets"]["easy"]["success"]["easy"]
+    assert solved["candidate"] - solved["shipped"] == solved["gained"] - solved["lost"]
+    assert (success["candidate"] - success["shipped"]) * 4 == success["gained"] - success["lost"]
+    assert success["mcnemar_p"] == round(mcnemar_exact(success["gained"], success["lost"]), 4)
+    assert all(r["beats_shipped"] == (r["candidate"] > r["shipped"]) for r in verdict["measures"])
+    assert verdict["beaten"] >= 1 and verdict["ships"] == (verdict["beaten"] >= 2)
+    assert success["meets_target"] and "beats the shipped adapter on" in verdict_table(verdict)
+    same = compare_measurements(tmp_path / "careful", tmp_path / "careful", path)
+    assert same["beaten"] == 0 and not same["ships"]  # a tie beats nothing
+    assert all(r.get("mcnemar_p", 1.0) == 1.0 for r in same["measures"])
+    with pytest.raises(UserInputError, match="measure the shipped adapter first"):
+        compare_measurements(tmp_path / "nothing", tmp_path / "careful", path)
+    from sera_core.cli import main
+
+    written = tmp_path / "figures" / "warmstart.json"
+    assert main(["tiny", "compare", "--protocol", str(path), "--save", str(tmp_path / "careful"),
+                 "--against", str(tmp_path / "careless"), "--write", str(written)]) == 0
+    record = json.loads(written.read_text())
+    assert record.pop("command").startswith("sera tiny compare --save") and record == json.loads(json.dumps(verdict))

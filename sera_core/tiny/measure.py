@@ -234,9 +234,9 @@ def play_kept(runtime: Runtime, tasks: list[dict], *, progress: bool = False,
 
 
 def measure_protocol(spec: str, protocol: str, sets: list[str] | None = None, *, out: str | os.PathLike,
-                     progress: bool = False) -> dict[str, Any]:
+                     progress: bool = False, actor: Any = None) -> dict[str, Any]:
     """The policy ``spec`` (:func:`~sera_core.agents.actors.make_actor`: ``vllm:tiny``,
-    ``vllm:FOLDER``, ``hf:FOLDER``) measured on ``sets`` (default: every test set) of the frozen
+    ``vllm:FOLDER``, ``hf:FOLDER``) measured on ``sets`` (default: :func:`default_sets`) of the frozen
     ``protocol`` (docs/protocol.md), at its contract's caps, into ``out/results.json``:
 
     * a set named for delegation points (``scorer_points``, ``points_dev``, ``points_test``): the noisy
@@ -249,12 +249,13 @@ def measure_protocol(spec: str, protocol: str, sets: list[str] | None = None, *,
     Each set's trees or points are kept in ``out`` as they end (:func:`play_kept`,
     :func:`rescore_points`) and each finished set is written at once, so an interrupted
     measurement resumes; ``out`` is bound to the protocol's hash and sets
-    (:func:`~sera_core.eval.protocol.bind_protocol`): a changed protocol is refused before any work."""
+    (:func:`~sera_core.eval.protocol.bind_protocol`): a changed protocol is refused before any work.
+    ``actor``: an actor already made (e.g. a noisy expert), recorded under the name ``spec``."""
     from sera_core.agents.actors import make_actor
     from sera_core.eval.protocol import bind_protocol, load_protocol, protocol_tasks
 
     chosen = load_protocol(protocol)
-    sets = sets or [name for name, spec_ in chosen["sets"].items() if spec_["role"] == "test"]
+    sets = sets or default_sets(chosen)
     out = Path(out)
     record = bind_protocol(out, protocol, *sets)
     path = out / "results.json"
@@ -262,7 +263,6 @@ def measure_protocol(spec: str, protocol: str, sets: list[str] | None = None, *,
     if results["policy"] != spec:
         raise UserInputError(f"{path} measures {results['policy']}, not {spec}: use another folder")
     contract = chosen["contract"]
-    actor = None
     for name in sets:
         if name in results["sets"]:
             continue
@@ -283,6 +283,14 @@ def measure_protocol(spec: str, protocol: str, sets: list[str] | None = None, *,
         results["sets"][name] = figures | {"role": set_spec["role"], "seconds": round(time.perf_counter() - t0, 1)}
         write_atomic(path, json.dumps(results, indent=1).encode())
     return results
+
+
+def default_sets(protocol: dict[str, Any]) -> list[str]:
+    """What a protocol's measurement plays by default: every test set, and every set one of its
+    ``measures`` reads (``warmstart``'s long tasks at T=1 are a dev set, since training tasks
+    are, yet its rule counts them), in the file's order."""
+    named = {m["set"] for m in protocol.get("measures", [])}
+    return [name for name, spec in protocol["sets"].items() if spec["role"] == "test" or name in named]
 
 
 def play_groups(actor: Any, benchmark: str, tasks: list[dict], *, seed: int = 0, progress: bool = False,

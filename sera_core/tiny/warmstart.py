@@ -196,13 +196,20 @@ def build_adapter(recipe: WarmStartRecipe, out: str | os.PathLike, *, base: str 
                   progress: bool = True, stop_after: int | None = None, recompute: bool = True) -> dict | None:
     """Run ``recipe`` on ``base`` (default: the embedded base model) into ``out``; return
     the manifest (None when ``stop_after`` stopped the training early; a rerun resumes).
-    ``recompute``: activation checkpointing (an operational choice: the same adapter)."""
+    ``recompute``: activation checkpointing (an operational choice: the same adapter).
+    An ``out`` that already holds this recipe's adapter on the same base is returned as it is,
+    without any work: a pipeline that runs the build, then what uses it (``make background``),
+    can be rerun from the top after an interruption."""
     from transformers import AutoModelForCausalLM
 
     out = Path(out)
+    name = BASE_NAME if base is None else str(base)
+    if (out / "manifest.json").is_file():
+        built = read_manifest(out)
+        if built.get("recipe_hash") == recipe.config_hash() and built.get("base", {}).get("name") == name:
+            return built
     work, tmp = out.with_name(out.name + ".work"), out.with_name(out.name + ".tmp")
     t0 = time.perf_counter()
-    name = BASE_NAME if base is None else str(base)
     base = Path(base) if base is not None else base_model_folder()
     tokenizer = load_tokenizer(base)
     samples, demo_stats, marker = prepared_demonstrations(recipe, tokenizer, progress=progress)
@@ -230,6 +237,12 @@ def build_adapter(recipe: WarmStartRecipe, out: str | os.PathLike, *, base: str 
     swap_in(tmp, out)
     shutil.rmtree(work, ignore_errors=True)
     return manifest
+
+
+def built_folder(recipe: WarmStartRecipe) -> Path:
+    """Where ``sera tiny build`` writes ``recipe``'s adapter by default:
+    ``~/.cache/sera/embedded/<recipe hash>`` (the work folder ``.work`` beside it while it runs)."""
+    return Path.home() / ".cache" / "sera" / "embedded" / recipe.config_hash()
 
 
 def read_manifest(path: str | os.PathLike = EMBEDDED) -> dict:

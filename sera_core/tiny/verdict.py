@@ -1,0 +1,112 @@
+"""Does a candidate warm start ship? The ``warmstart`` protocol's rule, applied by code.
+
+Two folders written by :func:`sera_core.tiny.measure.measure_protocol` (``sera tiny measure
+--protocol warmstart --save FOLDER``), one for the shipped adapter and one for the candidate,
+are read side by side. For each of the protocol's ``measures`` (docs/protocol.md: root success,
+well-formed act turns, greedy pairwise accuracy, trees solved) :func:`compare_measurements`
+gives both values, the target, whether the candidate meets it, and whether it *beats* the
+shipped adapter (strictly higher: a tie does not beat). Where the measure is success on the
+same trees (root success, trees solved), the paired comparison comes with it: the trees each
+adapter alone solved and the two-sided exact McNemar p-value
+(:func:`~sera_core.eval.aggregate.mcnemar_exact`).
+
+The rule, as the protocol states it: the candidate ships if it beats the shipped adapter on
+most measures, read as *more than half* of them (4 of 6). Decision recorded here: "beats" is
+the point estimate being higher, as the issue wrote the rule; the p-values stand beside it so
+that a reader sees which wins are more than noise, but they do not decide.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from sera_core.eval.aggregate import mcnemar_exact
+from sera_core.eval.protocol import load_protocol, protocol_hash
+from sera_core.utils.errors import UserInputError
+from sera_core.utils.jsonio import read_jsonl
+
+PAIRED = ("root success", "trees solved of 32")
+"""Measures read from trees solved or not: compared tree by tree."""
+
+
+def measure_value(figures: dict[str, Any], measure: str) -> float | None:
+    """One measure of one set's figures (a ``results.json`` entry of ``measure_protocol``):
+    root success is the set's rate (its tasks are of one difficulty), the others a named figure."""
+    if measure == "root success":
+        rates = list(figures["success"].values())
+        if len(rates) != 1:
+            raise UserInputError(f"root success of a set of {len(rates)} difficulties is not one number")
+        return rates[0]
+    key = {"well-formed act turns": "well_formed", "greedy pairwise accuracy": "pairwise_accuracy",
+           "trees solved of 32": "trees_solved"}.get(measure)
+    if key is None:
+        raise UserInputError(f"no figure for the measure {measure!r}")
+    return figures.get(key)
+
+
+def solved_trees(folder: Path, set_name: str) -> dict[str, bool]:
+    """``{tree_id: solved}`` of one set's kept trees (``SET.trees.jsonl``)."""
+    return {row["tree"]["tree_id"]: (row["tree"]["root_reward"] or 0) >= 1 for row in read_jsonl(folder / f"{set_name}.trees.jsonl")}
+
+
+def compare_measurements(shipped: str | os.PathLike, candidate: str | os.PathLike,
+                         protocol: str = "warmstart") -> dict[str, Any]:
+    """The protocol's measures for the ``candidate`` measurement folder against the ``shipped``
+    one (module docstring). Both must have measured every set a measure reads under the
+    protocol's current hash; anything else is refused, naming what is missing."""
+    chosen = load_protocol(protocol)
+    digest = protocol_hash(chosen)
+    folders = {"shipped": Path(shipped), "candidate": Path(candidate)}
+    results = {}
+    for side, folder in folders.items():
+        path = folder / "results.json"
+        if not path.is_file():
+            raise UserInputError(f"{path} does not exist: measure the {side} adapter first "
+                                 f"(sera tiny measure --protocol {protocol} --save {folder})")
+        results[side] = json.loads(path.read_text())
+        if results[side]["protocol"]["hash"] != digest:
+            raise UserInputError(f"{folder} was measured under protocol {results[side]['protocol']['hash']}, "
+                                 f"not {chosen['name']} {digest}")
+    rows = []
+    for m in chosen["measures"]:
+        missing = [side for side in folders if m["set"] not in results[side]["sets"]]
+        if missing:
+            raise UserInputError(f"set {m['set']} is not measured in {', '.join(str(folders[s]) for s in missing)}: "
+                                 "rerun its measurement (it resumes)")
+        value = {side: measure_value(results[side]["sets"][m["set"]], m["measure"]) for side in folders}
+        row = {"set": m["set"], "measure": m["measure"], "target": m["target"], **value,
+               "meets_target": value["candidate"] is not None and value["candidate"] >= m["target"],
+               "beats_shipped": value["candidate"] is not None and (value["shipped"] is None
+                                                                    or value["candidate"] > value["shipped"])}
+        if m["measure"] in PAIRED:
+            before, after = (solved_trees(folders[side], m["set"]) for side in ("shipped", "candidate"))
+            if set(before) != set(after):
+                raise UserInputError(f"set {m['set']}: the two folders hold different trees")
+            row["gained"] = sum(after[t] and not before[t] for t in after)
+            row["lost"] = sum(before[t] and not after[t] for t in after)
+            row["mcnemar_p"] = round(mcnemar_exact(row["gained"], row["lost"]), 4)
+        rows.append(row)
+    beaten = sum(row["beats_shipped"] for row in rows)
+    return {"protocol": {"name": chosen["name"], "hash": digest}, "rule": chosen["rule"],
+            "policies": {side: results[side]["policy"] for side in folders},
+            "measures": rows, "beaten": beaten, "of": len(rows), "ships": beaten > len(rows) / 2}
+
+
+def verdict_table(verdict: dict[str, Any]) -> str:
+    """The comparison as a markdown table, with the rule's outcome in its last line."""
+    lines = ["| measure | set | shipped | candidate | target | beats shipped | paired (gained/lost, McNemar p) |",
+             "|---|---|---|---|---|---|---|"]
+
+    def show(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:g}" if float(x).is_integer() else f"{x:.3f}"
+
+    for row in verdict["measures"]:
+        paired = f"{row['gained']}/{row['lost']}, p = {row['mcnemar_p']:g}" if "mcnemar_p" in row else ""
+        lines.append(f"| {row['measure']} | `{row['set']}` | {show(row['shipped'])} | {show(row['candidate'])} | "
+                     f"{show(row['target'])} | {'yes' if row['beats_shipped'] else 'no'} | {paired} |")
+    lines.append(f"\nThe candidate beats the shipped adapter on {verdict['beaten']} of {verdict['of']} measures: "
+                 f"it {'ships' if verdict['ships'] else 'does not ship'} ({verdict['rule']}).")
+    return "\n".join(lines)
