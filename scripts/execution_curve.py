@@ -54,6 +54,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sera_core.report.curves import curve2_figure
+from sera_core.report.plots import render
+
 CONFIG = "textcraft/sera_tiny.yaml"
 
 
@@ -322,61 +325,6 @@ def moved(results: dict) -> str:
     return "\n".join(lines)
 
 
-def measured(results: dict) -> str:
-    """What the before and after are measured on, in words: ``50 easy val tasks`` (of at most N crafts),
-    or the protocol set's name."""
-    if protocol := results.get("protocol"):
-        return f"{results['tasks']} tasks of {protocol['name']}/{protocol['set']} ({protocol['role']})"
-    crafts = results.get("args", {}).get("val_max_craft_steps")
-    return f"{results['tasks']} easy val tasks" + (f" of <= {crafts} crafts" if crafts else "")
-
-
-def figure(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from sera_core.eval.points import mean_interval
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
-    runs = results["runs"]
-    for k, r in enumerate(runs):
-        ups = r["updates"]
-        axes[0].plot([int(u["version"]) + 1 for u in ups], [float(u["root_success"] or 0) for u in ups], "o-",
-                     color=f"C{k}", label=f"seed {r['seed']}")
-        if "held_in" in r:  # the kept checkpoints' held-in success at T=0, the one kept filled
-            versions = sorted(r["held_in"])
-            axes[0].plot(versions, [r["held_in"][v] / results["select_tasks"] for v in versions], "s--", color=f"C{k}",
-                         mfc="none", label=f"seed {r['seed']}: held-in (T=0), kept update {r['kept']}")
-            axes[0].plot([r["kept"]], [r["held_in"][r["kept"]] / results["select_tasks"]], "s", color=f"C{k}", ms=9)
-        if "val_curve" in r:  # --val-curve: every kept checkpoint on the val tasks, a diagnostic
-            versions = sorted(r["val_curve"])
-            axes[0].plot(versions, [r["val_curve"][v] / results["tasks"] for v in versions], "^:", color=f"C{k}",
-                         label=f"seed {r['seed']}: val (T=0), chooses nothing")
-        d = r["change"]["difference"]
-        axes[1].errorbar([k], [d["rate"]], yerr=[d["ci"]], fmt="o", color=f"C{k}", capsize=4)
-    labels = [f"seed {r['seed']}\n{r['change']['before']['rate']:.0%} -> {r['change']['after']['rate']:.0%}" for r in runs]
-    if len(runs) > 1:
-        mean, half = mean_interval([r["change"]["difference"]["rate"] for r in runs])
-        axes[1].errorbar([len(runs)], [mean], yerr=[half], fmt="s", color="k", capsize=4)
-        labels.append(f"mean of {len(runs)}")
-    axes[1].axhline(0, color="grey", lw=0.8)
-    axes[1].axhline(0.10, color="grey", lw=0.8, ls="--", label="target +0.10")
-    held = (", held-in" + (", val" if any("val_curve" in r for r in runs) else "") + " (T=0)"
-            if any("held_in" in r for r in runs) else "")
-    axes[0].set(xlabel="update", ylabel="root success of the update's trees (T=1)" + held,
-                title=f"training trees ({runs[0]['updates'][0].get('trees', '?')} an update)")
-    axes[0].legend(fontsize=8)
-    axes[1].set(xticks=range(len(labels)), xticklabels=labels, xlim=(-0.5, len(labels) - 0.5),
-                ylabel=f"after - before, {measured(results)} (T=0)",
-                title="paired change, 95% intervals (mean: Student's t)")
-    axes[1].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--start", default="tiny", help="tiny (the shipped adapter) or a trained run/checkpoint folder")
@@ -448,7 +396,7 @@ def main() -> None:
     (out / "table.md").write_text(table + "\n")
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     if results["runs"]:
-        figure(results, out / "execution_curve.png")
+        (out / "execution_curve.png").write_bytes(render(curve2_figure(results)))
         if args.figures:
             shutil.copy(out / "execution_curve.png", Path(args.figures) / f"{args.name}.png")
             shutil.copy(out / "results.json", Path(args.figures) / f"{args.name}.json")

@@ -21,6 +21,9 @@ Under the title a short notice (a markdown cell tagged ``stored-outputs``, :func
 which setting produced the stored outputs, how long it took on which machine, when, and at which
 commit; ``course_times.json`` holds the same entry, and a test checks that the two agree.
 ``--notices`` rewrites the notices from ``course_times.json`` without executing anything.
+The README's course table takes its ``time`` column from the same file (:func:`readme_times`:
+the setting, the seconds and the date of each notebook's stored render, and one line below the
+table naming the machines), rewritten by every render and by ``--notices``; a test checks it.
 
 Execution counts are renumbered 1, 2, ... in cell order. Tables (HTML and text) and plots
 (PNG) stay; a notebook larger than :data:`MAX_BYTES` after cleaning is an error, so that the
@@ -175,6 +178,37 @@ def time_entry(seconds: float, smoke: bool) -> dict:
             "commit": commit()}
 
 
+README = ROOT / "README.md"
+TIMES_LINE = re.compile(r"^Stored renders \(`notebooks/course_times.json`\): .*$", re.M)
+
+
+def readme_time(entry: dict) -> str:
+    """A notebook's cell in the README's ``time`` column: ``smoke: 46 s (2026-12-07)``."""
+    return f"{entry['setting']}: {entry['seconds']:.0f} s ({entry['date']})"
+
+
+def readme_times(readme: str, times: dict) -> str:
+    """``readme`` with each course-table row's last cell (``| `NN_name` | ... | time |``) set to
+    :func:`readme_time` of the notebook's ``course_times.json`` entry, and the line under the
+    table (:data:`TIMES_LINE`) naming the machines and the total of each setting."""
+    entries = times["notebooks"]
+
+    def row(match: re.Match) -> str:
+        return f"{match[1]}{readme_time(entries[match[2]])} |"
+
+    readme = re.sub(r"^(\| `(\d\d_\w+)` \|.*\| )[^|]*\|$", row, readme, flags=re.M)
+    machines = sorted({f"{e['cores']} cores, {e['machine']}" for e in entries.values()})
+    totals = {}
+    for e in entries.values():
+        totals[e["setting"]] = totals.get(e["setting"], 0.0) + e["seconds"]
+    total = "; ".join(f"{setting}: {seconds / 60:.1f} min for {sum(e['setting'] == setting for e in entries.values())}"
+                      for setting, seconds in sorted(totals.items()))
+    line = f"Stored renders (`notebooks/course_times.json`): {total}, on {' and '.join(machines)}."
+    if not TIMES_LINE.search(readme):
+        raise ValueError("the README has no line starting 'Stored renders (`notebooks/course_times.json`): '")
+    return TIMES_LINE.sub(line.replace("\\", "\\\\"), readme)
+
+
 def render(path: Path, *, smoke: bool, timeout: int) -> dict:
     """Execute ``path`` with papermill (module docstring), store it cleaned with its notice;
     its ``course_times.json`` entry."""
@@ -219,7 +253,9 @@ def main() -> None:
         print(f"{path.name} ...", flush=True)
         times["notebooks"][path.stem] = entry = render(path, smoke=args.smoke, timeout=args.timeout)
         TIMES.write_text(json.dumps(times, indent=1, sort_keys=True) + "\n")
+        README.write_text(readme_times(README.read_text(), times))
         print(f"{path.name}: {entry['seconds']:.0f} s, {path.stat().st_size:,} bytes", flush=True)
+    README.write_text(readme_times(README.read_text(), times))
 
 
 if __name__ == "__main__":

@@ -47,10 +47,8 @@ import time
 from pathlib import Path
 from statistics import fmean
 
-LABELS = {"rubric": "rubric writer trained (SERA's RT)", "rubric_scorer": "writer + scorer trained (extension)",
-          "rubric_scorer_order": "writer + scorer trained, order credit (extension)",
-          "rubric_scorer_label": "writer trained, scorer's gate toward the label (extension)",
-          "rubric_belief": "writer trained on the scorer's belief (extension)"}
+from sera_core.report.curves import CURVE1_LABELS, curve1_figure
+from sera_core.report.plots import render
 
 
 def read_csv(path: Path) -> list[dict]:
@@ -128,45 +126,12 @@ def report(results: dict) -> str:
         start = [r["heldout"][0] for r in runs]
         end = [r["heldout"][-1] for r in runs]
         tokens = " / ".join(f"{fmean(u[k] for r in runs for u in r['updates']):,.0f}" for k in ("tokens_rubric", "tokens_score"))
-        lines.append(f"| {LABELS[arm]} | {len(runs)} | {format_interval([h['pairwise_accuracy'] for h in start])} | "
+        lines.append(f"| {CURVE1_LABELS[arm]} | {len(runs)} | {format_interval([h['pairwise_accuracy'] for h in start])} | "
                      f"{format_interval([h['pairwise_accuracy'] for h in end])} | {format_interval([h.get('belief_accuracy') for h in start])} | "
                      f"{format_interval([h.get('belief_accuracy') for h in end])} | {format_interval([h['ranking_loss'] for h in start])} | "
                      f"{format_interval([h['ranking_loss'] for h in end])} | {format_interval([h['score_validity'] for h in end])} | "
                      f"{tokens} | {fmean(r['seconds'] for r in runs) / 60:.0f} |")
     return "\n".join(lines)
-
-
-def figure(results: dict, path: Path) -> None:
-    """Held-out pairwise accuracy (solid) and belief accuracy (dashed) against updates (each
-    seed thin, the mean thick), and the same two on the training points per update (mean over seeds)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
-    for k, (arm, runs) in enumerate(results.items()):
-        versions = [h["version"] for h in runs[0]["heldout"]]
-        n = min(len(r["updates"]) for r in runs)
-        for key, style, what in (("pairwise_accuracy", "-", "score"), ("belief_accuracy", "--", "belief")):
-            if any(h.get(key) is None for r in runs for h in r["heldout"]):
-                continue  # a run from before the belief readout
-            for r in runs:
-                axes[0].plot([h["version"] for h in r["heldout"]], [h[key] for h in r["heldout"]], color=f"C{k}", ls=style, alpha=0.3, lw=1)
-            axes[0].plot(versions, [fmean(r["heldout"][i][key] for r in runs) for i in range(len(versions))],
-                         color=f"C{k}", ls=style, lw=2.5, marker="o", label=f"{LABELS[arm]}: {what}")
-            axes[1].plot(range(n), [fmean(r["updates"][i][key] for r in runs) for i in range(n)],
-                         color=f"C{k}", ls=style, marker=".", label=f"{LABELS[arm]}: {what}")
-    axes[0].axhline(0.5, color="grey", ls=":", lw=1)
-    axes[0].axhline(0.7, color="grey", ls="--", lw=1)
-    axes[0].set(title="held-out points (val world, temperature 0)", xlabel="update", ylabel="pairwise accuracy", ylim=(0.3, 1.0))
-    axes[1].set(title="training points (sampled calls)", xlabel="update", ylabel="pairwise accuracy", ylim=(0.3, 1.0))
-    for ax in axes:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def main() -> None:
@@ -219,7 +184,7 @@ def main() -> None:
               "protocol": protocol, "overlap": overlap(out, heldout_ids, args.config), "results": results}
     (out / "results.json").write_text(json.dumps(record, indent=1) + "\n")
     if results:
-        figure(results, out / "rubric_curve.png")
+        (out / "rubric_curve.png").write_bytes(render(curve1_figure(results)))
         if args.figures:  # the figure and the numbers behind it (notebook 09 reads them)
             shutil.copy(out / "rubric_curve.png", Path(args.figures) / "rubric_curve.png")
             shutil.copy(out / "results.json", Path(args.figures) / "rubric_curve.json")

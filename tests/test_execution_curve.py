@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from sera_core.report.curves import curve2_figure, measured
+from sera_core.report.plots import render
+
 SCRIPT = runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "execution_curve.py"))
 
 
@@ -58,8 +61,7 @@ def test_each_finished_seed_is_paired_task_by_task_with_the_start(tmp_path):
         "| t1 | failed | 2 | 0 1 |", "| t2 | failed | 1 | 0 |", "| t4 | solved | 1 | 0 |", "| t5 | failed | 1 | 1 |",
         "| t6 | failed | 1 | 1 |"]
     assert SCRIPT["moved"](results) in table
-    SCRIPT["figure"](results, tmp_path / "curve.png")
-    assert (tmp_path / "curve.png").stat().st_size > 10_000
+    assert len(render(curve2_figure(results))) > 10_000
     (tmp_path / "figs").mkdir()  # --report writes the table and copies the figure and results under --name
     script = Path(__file__).resolve().parents[1] / "scripts" / "execution_curve.py"
     subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--seeds", "0", "1", "2", "--report",
@@ -153,8 +155,7 @@ def test_the_held_in_measures_are_tabled_with_the_checkpoint_kept(tmp_path):
     assert "val_curve" not in with_val["runs"][1]
     assert "| seed | val solved of 4 (chooses nothing): the start | update 4 | update 8 | kept |" in SCRIPT["report"](with_val)
     assert "| 0 | 1 | 2 | 0 | update 4 |" in SCRIPT["report"](with_val)
-    SCRIPT["figure"](with_val, tmp_path / "curve.png")
-    assert (tmp_path / "curve.png").stat().st_size > 10_000
+    assert len(render(curve2_figure(json.loads(json.dumps(with_val))))) > 10_000  # as read back from its JSON
 
 
 def test_a_bad_selection_setting_fails_before_any_work(tmp_path):
@@ -187,8 +188,8 @@ def test_the_val_tasks_can_match_the_training_curriculum_and_a_folder_keeps_its_
     with pytest.raises(SystemExit, match="holds other val tasks than these options select"):
         SCRIPT["write_tasks"](path, every[:50], "val tasks")
     assert [json.loads(line)["id"] for line in path.open()] == [t["id"] for t in matched[:50]]
-    assert SCRIPT["measured"]({"tasks": 50, "args": {"val_max_craft_steps": 3}}) == "50 easy val tasks of <= 3 crafts"
-    assert SCRIPT["measured"]({"tasks": 50}) == "50 easy val tasks"
+    assert measured({"tasks": 50, "args": {"val_max_craft_steps": 3}}) == "50 easy val tasks of <= 3 crafts"
+    assert measured({"tasks": 50}) == "50 easy val tasks"
     script = Path(__file__).resolve().parents[1] / "scripts" / "execution_curve.py"
     done = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "out"), "--val-max-craft-steps", "2"],
                           capture_output=True, text=True)  # 8 easy val tasks of 2 crafts, not the 50 asked for

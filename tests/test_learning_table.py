@@ -8,7 +8,8 @@ import math
 
 import pytest
 
-from sera_core.report.learning import BEGIN, END, FIGURES, README, learning_rows, learning_table, readout
+from sera_core.report.learning import (BEGIN, END, FIGURES, README, interval_reading, learning_rows, learning_table,
+                                      readout)
 
 
 def test_the_readme_table_is_regenerated_from_the_committed_json():
@@ -34,3 +35,35 @@ def test_a_row_is_the_mean_and_t_interval_of_its_seeds_in_the_file():
 def test_a_readme_without_the_block_is_an_error():
     with pytest.raises(ValueError, match="no <!-- learning table"):
         readout("# a README\n", "| table |")
+
+
+def test_the_curves_are_drawn_from_the_committed_json():
+    """Notebook 09 draws the curves from the committed files (``sera_core.report.curves``): curve 2
+    marks each seed's paired change and the mean over seeds with its Student's t interval, curve 1
+    one thick mean line per arm and readout beside each seed's thin one."""
+    from sera_core.eval.points import mean_interval
+    from sera_core.report.curves import curve1_figure, curve2_figure
+
+    execution = json.loads((FIGURES / "execution_curve_select.json").read_text())
+    right = curve2_figure(execution).axes[1]
+    bars = [c for c in right.containers]  # errorbar containers: one per seed, then the mean
+    assert len(bars) == len(execution["runs"]) + 1
+    mean, half = mean_interval([r["change"]["difference"]["rate"] for r in execution["runs"]])
+    low, high = bars[-1].lines[2][0].get_segments()[0][:, 1]
+    assert (low, high) == pytest.approx((mean - half, mean + half))
+    curve = json.loads((FIGURES / "rubric_curve_label.json").read_text())["results"]
+    lines = curve1_figure(curve).axes[0].get_lines()
+    seeds = len(curve["rubric_scorer_label"])
+    assert len([ln for ln in lines if ln.get_linewidth() == 2.5]) == 2  # score and belief means
+    assert len([ln for ln in lines if ln.get_alpha() == 0.3]) == 2 * seeds  # each seed thin and pale
+
+
+def test_an_interval_is_read_against_its_null_in_words():
+    """Curve 2's four seeds (+0.10, +0.06, 0, -0.20): mean -0.01, t_{0.975, 3} = 3.182, s = 0.1333,
+    half = 0.212 by hand; it holds 0. Three seeds well above chance lie above 0.5; one seed has
+    no interval."""
+    assert interval_reading([0.10, 0.06, 0.0, -0.20]) == (
+        "-0.010 [-0.222, +0.202] over 4 seeds: the interval holds +0.000, so these seeds show no direction")
+    assert interval_reading([0.72, 0.69, 0.765], null=0.5).endswith("the interval lies above +0.500")
+    assert interval_reading([-0.3, -0.31, -0.29]).endswith("lies below +0.000")
+    assert interval_reading([0.1]) == "+0.100 from 1 seed: no interval over seeds"

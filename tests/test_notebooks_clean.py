@@ -182,3 +182,18 @@ def test_render_course_keeps_what_a_reader_needs_and_drops_the_rest():
     assert work["outputs"][1]["text"] == "kept\n"  # the engine's line went, the notebook's own stayed
     assert work["outputs"][2]["data"] == png and work["outputs"][3]["execution_count"] == 2
     assert nb["cells"][3]["outputs"][0]["name"] == "stderr"  # the input is not changed
+
+
+def test_the_readme_course_times_are_what_course_times_records():
+    """The README's course table: each notebook's ``time`` cell is its stored render's setting,
+    seconds and date, and the line under the table names the machines, all from
+    ``course_times.json`` (``python scripts/render_course.py --notices`` rewrites them)."""
+    render = _render_course()
+    times = json.loads(render.TIMES.read_text())
+    readme = render.README.read_text()
+    assert render.readme_times(readme, times) == readme, "python scripts/render_course.py --notices"
+    for stem, entry in times["notebooks"].items():
+        assert f"| `{stem}` |" in readme and readme.split(f"| `{stem}` |", 1)[1].split("\n", 1)[0].endswith(
+            f"| {render.readme_time(entry)} |")
+    with pytest.raises(ValueError, match="no line starting 'Stored renders"):
+        render.readme_times("| `00_quickstart` | a | b | c |\n", times)

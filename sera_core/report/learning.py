@@ -37,6 +37,23 @@ def _interval(values: list[float], signed: bool = False) -> str:
     return mean if not t["half"] else f"{mean} [{fmt.format(t['low'])}, {fmt.format(t['high'])}]"
 
 
+def interval_reading(values: list[float], null: float = 0.0) -> str:
+    """In words, what a mean over seeds and its 95% Student's t interval say against ``null``
+    (no change: 0; chance: 0.5): ``+0.055 [-0.029, +0.139] over 4 seeds: the interval holds
+    +0.000, so these seeds show no direction``, or that it lies above or below ``null``. One seed
+    has no interval, and says so."""
+    t = t_interval(values)
+    n = t["n"]
+    if n < 2:
+        return f"{t['mean']:+.3f} from 1 seed: no interval over seeds"
+    head = f"{t['mean']:+.3f} [{t['low']:+.3f}, {t['high']:+.3f}] over {n} seeds"
+    if t["low"] > null:
+        return f"{head}: the interval lies above {null:+.3f}"
+    if t["high"] < null:
+        return f"{head}: the interval lies below {null:+.3f}"
+    return f"{head}: the interval holds {null:+.3f}, so these seeds show no direction"
+
+
 def _curve1(path: Path, arm: str, label: str) -> dict[str, Any]:
     runs = json.loads(path.read_text())["results"][arm]
     start = [r["heldout"][0]["pairwise_accuracy"] for r in runs]

@@ -43,10 +43,11 @@ YOURS_COLORS = ("#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 YOURS_MARKERS = ("D", "o", "s", "^", "v")
 
 
-def render(fig: Figure) -> bytes:
-    """The figure as PNG bytes (fixed dpi, no ``Software`` metadata)."""
+def render(fig: Figure, dpi: int = DPI) -> bytes:
+    """The figure as PNG bytes (fixed ``dpi``, no ``Software`` metadata; a notebook's stored copy
+    may take fewer dots to stay small)."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
+    fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
     return buf.getvalue()
 
 
