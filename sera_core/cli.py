@@ -336,7 +336,7 @@ def cmd_course(args: argparse.Namespace) -> dict[str, Any]:
     manifest = record_fixture(args.out, args.config, overrides=dict(_setting(text) for text in args.set or []),
                               expert_tasks=args.expert_tasks, points=args.points, policy_tasks=args.policy_tasks,
                               seed=args.seed, policy_seed=args.policy_seed, policy_max_steps=args.policy_max_steps or None,
-                              policy_split=args.policy_split, progress=True)
+                              policy_split=args.policy_split, delegating_tasks=args.delegating_tasks, progress=True)
     return {"action": "record", "out": str(args.out), "config_hash": manifest["config"]["hash"],
             "points": manifest["expert"]["groups"], "policy_root_rewards": manifest["policy"]["root_rewards"],
             "bytes": manifest["bytes"], "seconds": manifest["seconds"]}
@@ -515,7 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "checked like the file's keys before any work")
     p.set_defaults(func=cmd_train)
 
-    from sera_core.course import FIXTURE_CONFIG, FIXTURE_POLICY_SEED, FIXTURE_POLICY_STEPS
+    from sera_core.course import FIXTURE_CONFIG, FIXTURE_DELEGATING_TASKS, FIXTURE_POLICY_SEED, FIXTURE_POLICY_STEPS
 
     p = sub.add_parser("course", help="record the course's shared fixture: the rollouts notebooks 04-07 read")
     p.add_argument("action", choices=["record"])
@@ -531,6 +531,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="runtime seed of the policy's trees (one at which a task's trees end differently)")
     p.add_argument("--policy-max-steps", type=int, default=FIXTURE_POLICY_STEPS,
                    help="steps per agent of the policy's trees (0: the config's)")
+    p.add_argument("--delegating-tasks", type=int, default=FIXTURE_DELEGATING_TASKS,
+                   help="medium tasks the policy plays greedily for a tree whose root delegates (0: none)")
     p.set_defaults(func=cmd_course)
 
     p = sub.add_parser("export", help="write a training checkpoint's model as a Hugging Face folder")

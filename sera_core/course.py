@@ -47,6 +47,12 @@ FIXTURE_POLICY_STEPS = 8
 """Steps per agent of the policy's trees in the course's fixture (notebook 07's smoke setting:
 solved trees end early and failed ones run to the cap, so a short cap keeps both outcomes and
 the recording short; the trainer's is the config's ``max_steps_per_agent``)."""
+FIXTURE_DELEGATING_TASKS = 8
+"""Medium training tasks the policy plays greedily for the fixture's delegating tree (notebooks
+00 and 07 show the first tree whose root delegated: the policy's own rubrics and scores)."""
+DELEGATING_FILE = "policy_delegating.jsonl.gz"
+"""The fixture's file of the policy's delegating tree (one tree, or none when no task delegated);
+absent from fixtures recorded before it."""
 
 
 @dataclass(frozen=True)
@@ -198,6 +204,11 @@ class Fixture:
     policy_trees: list[Any]
     """K trees of each, played by the policy at temperature 1 without branches (the trainer's
     execution rollouts), with its float32 log-probabilities."""
+    policy_delegating: Any = None
+    """The first of the policy's greedy trees on medium training tasks whose root delegated: its
+    own frozen rubrics, its own scores and the checker's labels. None when none of the tasks
+    tried delegated, or the fixture was recorded without them (``manifest["delegating"]`` says
+    which and how many were tried)."""
 
     def rollouts(self, part: str = "expert") -> list[Any]:
         """The trees of ``part`` (``expert`` or ``policy``) as :class:`~sera_core.agents.runtime.Rollout` s,
@@ -229,7 +240,8 @@ FIXTURE_FILES = {"expert_tasks": "expert_tasks.jsonl.gz", "expert_trees": "exper
 def record_fixture(out: str | os.PathLike, config: str = FIXTURE_CONFIG, *, overrides: dict[str, Any] | None = None,
                    expert_tasks: int = 2, points: int = 4, policy_tasks: int = 2, seed: int | None = None,
                    policy_seed: int = FIXTURE_POLICY_SEED, policy_max_steps: int | None = FIXTURE_POLICY_STEPS,
-                   policy: Any = None, policy_split: str = "train", progress: bool = False) -> dict[str, Any]:
+                   policy: Any = None, policy_split: str = "train", delegating_tasks: int = FIXTURE_DELEGATING_TASKS,
+                   progress: bool = False) -> dict[str, Any]:
     """Record the course's fixture into the folder ``out`` (written whole, then swapped in) and
     return its manifest. With the run config ``config`` (``overrides`` on top):
 
@@ -244,7 +256,12 @@ def record_fixture(out: str | os.PathLike, config: str = FIXTURE_CONFIG, *, over
        ``points`` smallest (fewest bytes: the fixture stays small) are kept, in rollout order;
     3. the policy rescores those points (:meth:`~sera_core.agents.runtime.Runtime.rescore`:
        it writes the rubric from the stored prompt and scores the stored branches, both at
-       temperature 0).
+       temperature 0);
+    4. the policy plays the first ``delegating_tasks`` medium tasks of ``policy_split`` greedily
+       (temperature 0 for every call, one tree each, concurrently, seed ``policy_seed``), and the
+       first tree in task order whose root delegated is kept (:data:`DELEGATING_FILE`: that tree,
+       or none; the manifest's ``delegating`` lists the tasks tried and the trees that
+       delegated). 0 skips the step.
 
     ``policy`` is the actor (or generating policy) of steps 1 and 3; default the config's
     rollout policy on its starting model in float32 (:func:`rollout_policy`), so the recorded
@@ -296,6 +313,19 @@ def record_fixture(out: str | os.PathLike, config: str = FIXTURE_CONFIG, *, over
     rescored = Runtime(cfg.env, actor, rescore_settings).rescore_all(kept, progress=progress)
     seconds["rescore"] = time.perf_counter() - t0
 
+    delegating = None
+    if delegating_tasks:
+        t0 = time.perf_counter()
+        tried = pick_tasks(cfg.env, policy_split, difficulty="medium", count=delegating_tasks)
+        greedy = cfg.rollout_settings(branches=False, seed=policy_seed, temperature=0.0, rubric_temperature=0.0)
+        trees = [r.tree for r in Runtime(cfg.env, actor, greedy).run(tried, progress=progress)]
+        delegated = [t for t in trees if t.delegation_events()]
+        delegating = {"tasks": [t.task_id for t in trees], "split": policy_split, "difficulty": "medium",
+                      "settings": asdict(greedy), "delegated": [t.tree_id for t in delegated],
+                      "kept": delegated[0].tree_id if delegated else None,
+                      "root_rewards": {t.tree_id: t.root_reward for t in trees},
+                      "seconds": round(time.perf_counter() - t0, 1), "trees": delegated[:1]}
+
     out = Path(out)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -307,13 +337,16 @@ def record_fixture(out: str | os.PathLike, config: str = FIXTURE_CONFIG, *, over
             write_trees(tmp / name, items)
         else:
             write_jsonl(tmp / name, [x.to_json() if hasattr(x, "to_json") else x for x in items])
-    files = {name: {"sha256": sha256_file(tmp / name), "bytes": (tmp / name).stat().st_size}
-             for name in FIXTURE_FILES.values()}
+    names = list(FIXTURE_FILES.values())
+    if delegating is not None:
+        write_trees(tmp / DELEGATING_FILE, delegating.pop("trees"))
+        names.append(DELEGATING_FILE)
+    files = {name: {"sha256": sha256_file(tmp / name), "bytes": (tmp / name).stat().st_size} for name in names}
     command = ["sera course record", f"--out {out}", f"--config {config}",
                *(f"--set {k}={json.dumps(v)}" for k, v in overrides.items()), f"--expert-tasks {expert_tasks}",
                f"--points {points}", f"--policy-tasks {policy_tasks}",
                f"--policy-split {policy_split}", f"--seed {seed}", f"--policy-seed {policy_seed}",
-               f"--policy-max-steps {policy_max_steps or 0}"]
+               f"--policy-max-steps {policy_max_steps or 0}", f"--delegating-tasks {delegating_tasks}"]
     metrics = {"expert": point_metrics(kept), "policy": point_metrics(rescored)}
     manifest = {
         "format": FIXTURE_FORMAT, "command": " ".join(command),
@@ -330,6 +363,7 @@ def record_fixture(out: str | os.PathLike, config: str = FIXTURE_CONFIG, *, over
         "policy": {"tasks": list(rewards), "split": policy_split, "difficulty": "easy", "trees_per_task": k,
                    "settings": asdict(policy_settings), "root_rewards": rewards,
                    "seconds": round(seconds["policy"], 1)},
+        "delegating": delegating,
         "files": files, "bytes": sum(f["bytes"] for f in files.values()),
         "seconds": round(time.perf_counter() - t_start, 1),
     }
@@ -377,7 +411,8 @@ def load_fixture(path: str | os.PathLike = FIXTURE, config: Any = None) -> Fixtu
             raise UserInputError(f"{path} was played by another adapter (sha256 {model['adapter_sha256'][:12]}...) than "
                              f"{config.model}'s now: {remake}")
     files = {field_name: path / name for field_name, name in FIXTURE_FILES.items()}
-    return Fixture(path, manifest,
+    delegating = read_trees(path / DELEGATING_FILE) if DELEGATING_FILE in manifest["files"] else []
+    return Fixture(path, manifest, policy_delegating=delegating[0] if delegating else None,
                    expert_tasks=list(read_jsonl(files["expert_tasks"])), expert_trees=read_trees(files["expert_trees"]),
                    expert_points=read_points(files["expert_points"]), policy_points=read_points(files["policy_points"]),
                    policy_tasks=list(read_jsonl(files["policy_tasks"])), policy_trees=read_trees(files["policy_trees"]))

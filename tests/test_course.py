@@ -157,12 +157,12 @@ def test_a_recorded_fixture_loads_as_typed_rollouts_and_a_damaged_file_fails_nam
     from sera_core.agents.points import DelegationPoint
     from sera_core.agents.tree import Tree
     from sera_core.cli import _setting, build_parser
-    from sera_core.course import FIXTURE_FILES, config_hash, load_fixture, record_fixture
+    from sera_core.course import DELEGATING_FILE, FIXTURE_FILES, config_hash, load_fixture, record_fixture
     from sera_core.train.config import load_config
 
     out = tmp_path / "fixture"
     small = dict(overrides={"trees_per_task": 2}, expert_tasks=1, points=1, policy_tasks=2, policy=noisy_expert(),
-                 policy_split="val")
+                 policy_split="val", delegating_tasks=1)
     with pytest.raises(ValueError, match="at policy seed 4 every task's trees end alike"):  # refused before the rest
         record_fixture(out, **small, policy_seed=4)
     assert not out.exists()
@@ -171,7 +171,13 @@ def test_a_recorded_fixture_loads_as_typed_rollouts_and_a_damaged_file_fails_nam
     assert fixture.manifest == manifest == json.loads((out / "manifest.json").read_text())
     assert manifest["config"]["hash"] == config_hash(load_config("textcraft/sera_tiny.yaml", trees_per_task=2))
     assert manifest["command"].startswith("sera course record --out ") and "--set trees_per_task=2" in manifest["command"]
-    assert set(manifest["files"]) == set(FIXTURE_FILES.values()) and manifest["bytes"] < 400_000
+    assert set(manifest["files"]) == {*FIXTURE_FILES.values(), DELEGATING_FILE} and manifest["bytes"] < 400_000
+    # the delegating tree: the first medium task's greedy tree, whose root delegated (the expert always does there)
+    delegating = manifest["delegating"]
+    assert delegating["kept"] == fixture.policy_delegating.tree_id == delegating["delegated"][0]
+    assert len(delegating["tasks"]) == 1 and delegating["settings"]["temperature"] == 0.0
+    assert fixture.policy_delegating.delegation_events() and all(
+        n.rubric and n.score for n in fixture.policy_delegating.nodes.values() if n.parent_id is not None)
     assert manifest["code"]["sera_version"] and manifest["seeds"]["policy"] == 1 and manifest["seconds"] > 0
     assert len(fixture.expert_trees) == 2 and all(isinstance(t, Tree) for t in fixture.expert_trees + fixture.policy_trees)
     (point,) = fixture.expert_points
@@ -194,7 +200,7 @@ def test_a_recorded_fixture_loads_as_typed_rollouts_and_a_damaged_file_fails_nam
     assert (args.command, args.action, args.out, args.config, dict(_setting(s) for s in args.set)) == \
         ("course", "record", out, "textcraft/sera_tiny.yaml", {"trees_per_task": 2})
     assert (args.expert_tasks, args.points, args.policy_tasks, args.policy_split, args.seed, args.policy_seed,
-            args.policy_max_steps) == (1, 1, 2, "val", 0, 1, 8)
+            args.policy_max_steps, args.delegating_tasks) == (1, 1, 2, "val", 0, 1, 8, 1)
 
     with pytest.raises(ValueError, match="recorded with the config textcraft/sera_tiny.yaml"):
         load_fixture(out, load_config("textcraft/sera_tiny.yaml"))  # another K: another config
@@ -246,7 +252,7 @@ def test_sera_course_record_hands_its_arguments_to_record_fixture(tmp_path, monk
     assert main(["course", "record", "--out", str(tmp_path), "--set", "trees_per_task=3", "--policy-max-steps", "0"]) == 0
     assert seen["out"] == tmp_path and seen["config"] == "textcraft/sera_tiny.yaml"
     assert seen["overrides"] == {"trees_per_task": 3} and seen["policy_max_steps"] is None  # 0: the config's steps
-    assert (seen["points"], seen["policy_seed"], seen["policy_split"]) == (4, 0, "train")
+    assert (seen["points"], seen["policy_seed"], seen["policy_split"], seen["delegating_tasks"]) == (4, 0, "train", 8)
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["command"] == "course"
 
 
