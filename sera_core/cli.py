@@ -235,13 +235,13 @@ def cmd_tiny(args: argparse.Namespace) -> dict[str, Any]:
     from dataclasses import replace
 
     from sera_core.policy.models import EMBEDDED, is_adapter
-    from sera_core.tiny.warmstart import (EPOCH_WARMSTART, SMALL_WARMSTART, WarmStartRecipe, build_adapter, built_folder,
+    from sera_core.tiny.warmstart import (EPOCH_WARMSTART, SHIPPED_RECIPE, SMALL_WARMSTART, build_adapter, built_folder,
                                           plan_build, read_manifest, write_manifest)
 
     if args.action == "build":
         if args.small and args.epoch:
             raise UserInputError("--small and --epoch name two recipes: pass one")
-        recipe = SMALL_WARMSTART if args.small else EPOCH_WARMSTART if args.epoch else WarmStartRecipe()
+        recipe = SMALL_WARMSTART if args.small else EPOCH_WARMSTART if args.epoch else SHIPPED_RECIPE
         demos = {k: v for k, v in (("perturb", args.perturb), ("explain", args.explain or None),
                                    ("oversample", args.oversample), ("textworld_easy", args.textworld_easy)) if v is not None}
         recipe = replace(recipe, demos=replace(recipe.demos, **demos))

@@ -102,6 +102,12 @@ role and length). One in three of the children's act conversations that launch n
 kept (:attr:`~sera_core.tiny.demos.DemoConfig.child_act_keep`), so that the epoch fits about
 10 hours on 2 cores."""
 
+SHIPPED_RECIPE = WarmStartRecipe()
+"""The recipe of the shipped adapter (``sera_core/assets/embedded``, ``model: tiny``): what
+``sera tiny build`` and ``make tiny`` rebuild, and what the shipped manifest's ``recipe_hash``
+must name (a test and notebook 00 check it). Shipping the one-epoch build (issue 58, when the
+``warmstart`` protocol's rule says so) sets it to :data:`EPOCH_WARMSTART`."""
+
 CUT_MARKER = "\n... [tokens omitted] ...\n"
 """What stands for the middle of a sample cut to ``max_len`` (:func:`sera_core.tiny.sft.fit`):
 the words of the runtime's own cut (:func:`sera_core.utils.text.truncate_middle`)."""
