@@ -139,6 +139,9 @@ def test_check_published_tolerates_one_unit_of_the_last_digit():
     check_published(perturbed(key, 0.01))
     with pytest.raises(ReportError, match="table1/SERA/textcraft_avg"):
         check_published(perturbed(key, 0.02))
+    easy = ("table1", "SERA", "textcraft_easy")  # a changed input: the message shows the value it was given
+    with pytest.raises(ReportError, match=r"x table1/SERA/textcraft_easy \(90\.09\)"):
+        check_published(perturbed(easy, -9.0))
 
 
 def test_check_published_rejects_duplicates_and_unchecked_derived_numbers():

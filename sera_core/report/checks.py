@@ -50,8 +50,9 @@ def check_published(numbers: Iterable[Number] = PUBLISHED, relations: Iterable[R
         published = table[relation.target].value
         value = recompute(relation, table)
         if abs(round(value, 2) - published) > TOLERANCE + 1e-9:
+            given = " + ".join(f"{coef:.6g} x {'/'.join(key)} ({table[key].value:g})" for coef, key in relation.terms)
             raise ReportError(f"published {'/'.join(relation.target)} = {published:.2f} but "
-                              f"{relation.formula} gives {value:.4f}")
+                              f"{relation.formula} gives {value:.4f} with the numbers as given: {given}")
         checked.add(relation.target)
         count += 1
     unchecked = [n for n in table.values() if n.derived and n.key not in checked]
