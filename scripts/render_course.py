@@ -35,11 +35,13 @@ The seconds each notebook took, the setting and the machine go to
     python scripts/render_course.py            # the whole course, full setting
     python scripts/render_course.py --smoke    # the smoke setting (CI's), minutes
     python scripts/render_course.py --only 05 06
+    python scripts/render_course.py --only 07 --full                      # 07's full setting (hours)
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import copy
 import json
 import os
@@ -136,14 +138,25 @@ def clean(nb: dict) -> dict:
 
 NOTICE_TAG = "stored-outputs"
 SETTINGS = {"smoke": "the smoke setting (`SMOKE = True`, what CI runs)",
-            "full": "the full setting (the parameters cell as it stands)"}
+            "full": "the full setting (the parameters cell as it stands)",
+            "render": "the render setting (the full setting with {parameters})"}
+"""The settings a notebook's stored outputs can come from. ``render`` is the full setting with a
+few parameters changed (:data:`RENDER_PARAMETERS`, or ``--param``), for a notebook whose full
+setting takes hours on a laptop (07: every row repeated 50 times) but whose lesson needs more
+than the smoke setting shows."""
+RENDER_PARAMETERS = {"07_advantages_and_cispo": {"ROWS": "shortest"}}
+"""The committed course's render settings: what a plain (not ``--smoke``) render of these
+notebooks passes over their full setting; ``--full`` passes nothing."""
 
 
 def notice(entry: dict) -> str:
     """The notice under a notebook's title for its ``course_times.json`` entry."""
     commit = f"commit `{entry['commit']}`" if entry.get("commit") else "commit not recorded"
-    return (f"*Stored outputs: {SETTINGS[entry['setting']]}, {entry['seconds']:.0f} s on {entry['cores']} cores "
-            f"({entry['machine']}), {entry['date']}, {commit}. The parameters cell below shows the full setting; "
+    parameters = ", ".join(f"`{k} = {v!r}`" for k, v in entry.get("parameters", {}).items())
+    setting = SETTINGS[entry["setting"]].format(parameters=parameters)
+    note = f", {entry['note']}" if entry.get("note") else ""
+    return (f"*Stored outputs: {setting}, {entry['seconds']:.0f} s on {entry['cores']} cores "
+            f"({entry['machine']}){note}, {entry['date']}, {commit}. The parameters cell below shows the full setting; "
             f"run it to see the full lesson.*")
 
 
@@ -168,14 +181,16 @@ def commit() -> str | None:
     return version["commit"][:7] + ("+changes" if version["dirty"] else "")
 
 
-def time_entry(seconds: float, smoke: bool) -> dict:
-    """A notebook's ``course_times.json`` entry for a render that took ``seconds`` now, here."""
+def time_entry(seconds: float, smoke: bool, parameters: dict | None = None) -> dict:
+    """A notebook's ``course_times.json`` entry for a render that took ``seconds`` now, here
+    (``parameters``: the render setting's, over the full setting)."""
     from sera_core.utils.hardware import describe
 
     here = describe()
-    return {"seconds": round(seconds, 1), "setting": "smoke" if smoke else "full", "date": time.strftime("%Y-%m-%d"),
+    setting = "smoke" if smoke else "render" if parameters else "full"
+    return {"seconds": round(seconds, 1), "setting": setting, "date": time.strftime("%Y-%m-%d"),
             "cores": os.cpu_count(), "machine": f"{here['cpu'] or platform.machine()}, torch {here['torch_cpu_capability']}",
-            "commit": commit()}
+            "commit": commit()} | ({"parameters": parameters} if parameters and not smoke else {})
 
 
 README = ROOT / "README.md"
@@ -184,7 +199,8 @@ TIMES_LINE = re.compile(r"^Stored renders \(`notebooks/course_times.json`\): .*$
 
 def readme_time(entry: dict) -> str:
     """A notebook's cell in the README's ``time`` column: ``smoke: 46 s (2026-12-07)``."""
-    return f"{entry['setting']}: {entry['seconds']:.0f} s ({entry['date']})"
+    note = f", {entry['note']}" if entry.get("note") else ""
+    return f"{entry['setting']}: {entry['seconds']:.0f} s ({entry['date']}{note})"
 
 
 def readme_times(readme: str, times: dict) -> str:
@@ -209,7 +225,7 @@ def readme_times(readme: str, times: dict) -> str:
     return TIMES_LINE.sub(line.replace("\\", "\\\\"), readme)
 
 
-def render(path: Path, *, smoke: bool, timeout: int) -> dict:
+def render(path: Path, *, smoke: bool, timeout: int, parameters: dict | None = None, note: str | None = None) -> dict:
     """Execute ``path`` with papermill (module docstring), store it cleaned with its notice;
     its ``course_times.json`` entry."""
     import papermill as pm
@@ -217,10 +233,11 @@ def render(path: Path, *, smoke: bool, timeout: int) -> dict:
     out = Path(tempfile.mkdtemp(prefix="render_course_")) / path.name  # outside notebooks/: never seen as a notebook
     start = time.perf_counter()
     try:
-        pm.execute_notebook(str(path), str(out), parameters={"SMOKE": True} if smoke else {}, cwd=str(NOTEBOOKS),
+        pm.execute_notebook(str(path), str(out), parameters={"SMOKE": True} if smoke else dict(parameters or {}),
+                            cwd=str(NOTEBOOKS),
                             kernel_name="python3", progress_bar=False, execution_timeout=timeout)
         seconds = time.perf_counter() - start
-        entry = time_entry(seconds, smoke)
+        entry = time_entry(seconds, smoke, parameters) | ({"note": note} if note else {})
         text = json.dumps(with_notice(clean(json.loads(out.read_text())), entry), indent=1, ensure_ascii=False) + "\n"
     finally:
         shutil.rmtree(out.parent, ignore_errors=True)
@@ -237,7 +254,14 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", default=None, help="notebook numbers to render (e.g. 05 06)")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds a cell may take")
     parser.add_argument("--notices", action="store_true", help="only rewrite each notice from course_times.json")
+    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                        help="the render setting: the full setting with this parameter changed (a Python literal; repeatable)")
+    parser.add_argument("--full", action="store_true", help="the full setting even where RENDER_PARAMETERS names a render one")
+    parser.add_argument("--note", default=None, help="what else ran beside the render, recorded with its time (e.g. 'beside a build')")
     args = parser.parse_args()
+    parameters = {key: ast.literal_eval(value) for key, _, value in (p.partition("=") for p in args.param)}
+    if parameters and (args.smoke or args.full):
+        parser.error("--param sets the render setting, over the full one: not with --smoke or --full")
     env_smoke = os.environ.pop("SERA_SMOKE", None)  # the kernel inherits it: the setting is this script's choice
     if env_smoke:
         print("SERA_SMOKE is ignored here; pass --smoke", file=sys.stderr)
@@ -251,7 +275,9 @@ def main() -> None:
             path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
             continue
         print(f"{path.name} ...", flush=True)
-        times["notebooks"][path.stem] = entry = render(path, smoke=args.smoke, timeout=args.timeout)
+        chosen = parameters or ({} if args.smoke or args.full else RENDER_PARAMETERS.get(path.stem, {}))
+        times["notebooks"][path.stem] = entry = render(path, smoke=args.smoke, timeout=args.timeout, parameters=chosen,
+                                                       note=args.note)
         TIMES.write_text(json.dumps(times, indent=1, sort_keys=True) + "\n")
         README.write_text(readme_times(README.read_text(), times))
         print(f"{path.name}: {entry['seconds']:.0f} s, {path.stat().st_size:,} bytes", flush=True)

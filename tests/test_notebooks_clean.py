@@ -197,3 +197,17 @@ def test_the_readme_course_times_are_what_course_times_records():
             f"| {render.readme_time(entry)} |")
     with pytest.raises(ValueError, match="no line starting 'Stored renders"):
         render.readme_times("| `00_quickstart` | a | b | c |\n", times)
+
+
+def test_a_render_setting_is_named_with_its_parameters():
+    """A notebook stored in its render setting (the full setting with parameters changed, such as
+    07's ``ROWS = "shortest"``) says so, with the parameters, in its notice and its README time."""
+    render = _render_course()
+    entry = render.time_entry(12.3, smoke=False, parameters={"ROWS": "shortest"})
+    assert entry["setting"] == "render" and entry["parameters"] == {"ROWS": "shortest"}
+    assert "the render setting (the full setting with `ROWS = 'shortest'`)" in render.notice(entry)
+    assert render.readme_time(entry).startswith("render: 12 s (")
+    beside = entry | {"note": "beside the epoch build"}  # what else ran, recorded with the time
+    assert "), beside the epoch build, " in render.notice(beside) and render.readme_time(beside).endswith(", beside the epoch build)")
+    assert render.time_entry(1.0, smoke=True)["setting"] == "smoke" and "parameters" not in render.time_entry(1.0, smoke=True)
+    assert render.RENDER_PARAMETERS["07_advantages_and_cispo"] == {"ROWS": "shortest"}
