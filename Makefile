@@ -45,7 +45,7 @@ test: setup  ## Run the tests: pytest and every notebook with nbval, on 2 worker
 	$(TESTS)
 
 COURSE ?=
-course: setup  ## Execute the notebooks in order (papermill, full setting) and store them with their outputs and times; SMOKE=1 for CI's setting, COURSE="05 06" for some
+course: setup  ## Execute the notebooks in order (papermill, full setting, or the render setting where render_course.RENDER_PARAMETERS names one: 07) and store them with their outputs and times; SMOKE=1 for CI's setting, COURSE="05 06" for some
 	$(BIN)/python scripts/render_course.py $(if $(SMOKE),--smoke,) $(if $(COURSE),--only $(COURSE),)
 
 fuzz: setup  ## The long property-based run of the model-output parsers (10,000 inputs each, about 7 min; docs/reliability.md)
