@@ -181,16 +181,17 @@ def commit() -> str | None:
     return version["commit"][:7] + ("+changes" if version["dirty"] else "")
 
 
-def time_entry(seconds: float, smoke: bool, parameters: dict | None = None) -> dict:
+def time_entry(seconds: float, smoke: bool, parameters: dict | None = None, note: str | None = None) -> dict:
     """A notebook's ``course_times.json`` entry for a render that took ``seconds`` now, here
-    (``parameters``: the render setting's, over the full setting)."""
+    (``parameters``: the render setting's, over the full setting; ``note``: what ran beside it)."""
     from sera_core.utils.hardware import describe
 
     here = describe()
     setting = "smoke" if smoke else "render" if parameters else "full"
     return {"seconds": round(seconds, 1), "setting": setting, "date": time.strftime("%Y-%m-%d"),
             "cores": os.cpu_count(), "machine": f"{here['cpu'] or platform.machine()}, torch {here['torch_cpu_capability']}",
-            "commit": commit()} | ({"parameters": parameters} if parameters and not smoke else {})
+            "commit": commit()} | ({"parameters": parameters} if parameters and not smoke else {}) | (
+                {"note": note} if note else {})
 
 
 README = ROOT / "README.md"
@@ -222,7 +223,7 @@ def readme_times(readme: str, times: dict) -> str:
     line = f"Stored renders (`notebooks/course_times.json`): {total}, on {' and '.join(machines)}."
     if not TIMES_LINE.search(readme):
         raise ValueError("the README has no line starting 'Stored renders (`notebooks/course_times.json`): '")
-    return TIMES_LINE.sub(line.replace("\\", "\\\\"), readme)
+    return TIMES_LINE.sub(lambda _: line, readme)
 
 
 def render(path: Path, *, smoke: bool, timeout: int, parameters: dict | None = None, note: str | None = None) -> dict:
@@ -237,7 +238,7 @@ def render(path: Path, *, smoke: bool, timeout: int, parameters: dict | None = N
                             cwd=str(NOTEBOOKS),
                             kernel_name="python3", progress_bar=False, execution_timeout=timeout)
         seconds = time.perf_counter() - start
-        entry = time_entry(seconds, smoke, parameters) | ({"note": note} if note else {})
+        entry = time_entry(seconds, smoke, parameters, note)
         text = json.dumps(with_notice(clean(json.loads(out.read_text())), entry), indent=1, ensure_ascii=False) + "\n"
     finally:
         shutil.rmtree(out.parent, ignore_errors=True)
@@ -281,7 +282,8 @@ def main() -> None:
         TIMES.write_text(json.dumps(times, indent=1, sort_keys=True) + "\n")
         README.write_text(readme_times(README.read_text(), times))
         print(f"{path.name}: {entry['seconds']:.0f} s, {path.stat().st_size:,} bytes", flush=True)
-    README.write_text(readme_times(README.read_text(), times))
+    if args.notices:  # a render wrote the README beside each entry above
+        README.write_text(readme_times(README.read_text(), times))
 
 
 if __name__ == "__main__":

@@ -313,7 +313,7 @@ def record_fixture(out: str | os.PathLike, config: str = FIXTURE_CONFIG, *, over
     rescored = Runtime(cfg.env, actor, rescore_settings).rescore_all(kept, progress=progress)
     seconds["rescore"] = time.perf_counter() - t0
 
-    delegating = None
+    delegating, delegating_tree = None, []
     if delegating_tasks:
         t0 = time.perf_counter()
         tried = pick_tasks(cfg.env, policy_split, difficulty="medium", count=delegating_tasks)
@@ -324,7 +324,8 @@ def record_fixture(out: str | os.PathLike, config: str = FIXTURE_CONFIG, *, over
                       "settings": asdict(greedy), "delegated": [t.tree_id for t in delegated],
                       "kept": delegated[0].tree_id if delegated else None,
                       "root_rewards": {t.tree_id: t.root_reward for t in trees},
-                      "seconds": round(time.perf_counter() - t0, 1), "trees": delegated[:1]}
+                      "seconds": round(time.perf_counter() - t0, 1)}
+        delegating_tree = delegated[:1]
 
     out = Path(out)
     tmp = out.with_name(out.name + ".tmp")
@@ -339,7 +340,7 @@ def record_fixture(out: str | os.PathLike, config: str = FIXTURE_CONFIG, *, over
             write_jsonl(tmp / name, [x.to_json() if hasattr(x, "to_json") else x for x in items])
     names = list(FIXTURE_FILES.values())
     if delegating is not None:
-        write_trees(tmp / DELEGATING_FILE, delegating.pop("trees"))
+        write_trees(tmp / DELEGATING_FILE, delegating_tree)
         names.append(DELEGATING_FILE)
     files = {name: {"sha256": sha256_file(tmp / name), "bytes": (tmp / name).stat().st_size} for name in names}
     command = ["sera course record", f"--out {out}", f"--config {config}",

@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sera_core.eval.aggregate import mcnemar_exact
+from sera_core.eval.aggregate import mcnemar_exact, paired_change
 from sera_core.eval.protocol import load_protocol, protocol_hash
 from sera_core.utils.errors import UserInputError
 from sera_core.utils.jsonio import read_jsonl
@@ -47,9 +47,11 @@ def measure_value(figures: dict[str, Any], measure: str) -> float | None:
     return figures.get(key)
 
 
-def solved_trees(folder: Path, set_name: str) -> dict[str, bool]:
-    """``{tree_id: solved}`` of one set's kept trees (``SET.trees.jsonl``)."""
-    return {row["tree"]["tree_id"]: (row["tree"]["root_reward"] or 0) >= 1 for row in read_jsonl(folder / f"{set_name}.trees.jsonl")}
+def solved_trees(folder: Path, set_name: str) -> list[dict[str, Any]]:
+    """One row per kept tree of a set (``SET.trees.jsonl``), ``{"task_id": tree_id, "success": solved}``:
+    the rows :func:`~sera_core.eval.aggregate.paired_change` pairs."""
+    return [{"task_id": row["tree"]["tree_id"], "success": (row["tree"]["root_reward"] or 0) >= 1}
+            for row in read_jsonl(folder / f"{set_name}.trees.jsonl")]
 
 
 def compare_measurements(shipped: str | os.PathLike, candidate: str | os.PathLike,
@@ -82,11 +84,11 @@ def compare_measurements(shipped: str | os.PathLike, candidate: str | os.PathLik
                "beats_shipped": value["candidate"] is not None and (value["shipped"] is None
                                                                     or value["candidate"] > value["shipped"])}
         if m["measure"] in PAIRED:
-            before, after = (solved_trees(folders[side], m["set"]) for side in ("shipped", "candidate"))
-            if set(before) != set(after):
-                raise UserInputError(f"set {m['set']}: the two folders hold different trees")
-            row["gained"] = sum(after[t] and not before[t] for t in after)
-            row["lost"] = sum(before[t] and not after[t] for t in after)
+            try:
+                change = paired_change(solved_trees(folders["shipped"], m["set"]), solved_trees(folders["candidate"], m["set"]))
+            except ValueError:
+                raise UserInputError(f"set {m['set']}: the two folders do not hold the same trees") from None
+            row["gained"], row["lost"] = change["gained"], change["lost"]
             row["mcnemar_p"] = round(mcnemar_exact(row["gained"], row["lost"]), 4)
         rows.append(row)
     beaten = sum(row["beats_shipped"] for row in rows)
