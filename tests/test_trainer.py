@@ -22,14 +22,16 @@ GOLDENS = Path(__file__).parent / "golden"
 
 
 def instruction_set() -> str:
-    """The key of this machine's golden reference: ``avx512_bf16`` (AVX512_BF16 or AMX),
-    ``avx512`` (AVX-512 without them) or ``avx2`` (neither); other machines: torch's CPU level."""
-    from sera_core.utils.hardware import cpu_flags, native_bf16
+    """The key of this machine's golden reference: the CPU's maker and the level of the kernels
+    torch dispatches (``intel.avx512``, ``amd.avx2``, ...), with ``_bf16`` where the CPU also runs
+    bfloat16 natively (AVX512_BF16 or AMX). The maker, because MKL picks its kernels by maker as
+    well as by level; the dispatched level, not the CPU's flags: ``ATEN_CPU_CAPABILITY=avx2``
+    (with ``ONEDNN_MAX_CPU_ISA=AVX2`` and ``MKL_ENABLE_INSTRUCTIONS=AVX2`` for oneDNN and MKL) runs
+    an AVX-512 machine on AVX2 kernels, and its key is then ``intel.avx2``."""
+    from sera_core.utils.hardware import cpu_vendor, native_bf16
 
-    flags = f" {cpu_flags() or ''} "
-    if native_bf16(cuda=False):
-        return "avx512_bf16"
-    return "avx512" if " avx512f " in flags else "avx2" if " avx2 " in flags else torch.backends.cpu.get_cpu_capability().lower()
+    level = torch.backends.cpu.get_cpu_capability().lower()
+    return f"{cpu_vendor()}.{level}" + ("_bf16" if level == "avx512" and native_bf16(cuda=False) else "")
 
 
 GOLDEN = GOLDENS / f"train_tiny.{instruction_set()}.json"
@@ -168,11 +170,18 @@ def test_corrupt_partial_or_foreign_checkpoints_are_refused(reference, tmp_path)
         Trainer(golden_config(tmp_path, lr=0.5), progress=False).run(resume=True)
 
 
+RATIO_TOLERANCE = 1e-4
+"""How far the golden run's mean ratio ``exp(log pi_theta - log pi_old)`` may sit from 1 with
+unchanged weights: the rollout's cached decode and the update's full forward round float32
+their own way, equal to 6 digits on AVX-512 kernels, 0.999997 on AVX2 ones (measured
+2026-12-07: Intel Xeon with ``ATEN_CPU_CAPABILITY=avx2``). A real change (1.02) is caught."""
+
+
 def run_invariants(rows: list[dict], cfg) -> list[str]:
     """What the golden run's metrics must show on every machine, whatever its kernels: the
     schedule's stages in order; every tree played without error and none solved (the fixture
     model solves none of these tasks), so every reward, advantage, loss, gradient and clipped
-    share is 0 and every trained ratio 1; an execution update keeps one datum a tree
+    share is 0 and every trained ratio 1 within :data:`RATIO_TOLERANCE`; an execution update keeps one datum a tree
     (zero-variance filtering is off) and trains some tokens; each update trains only its
     stage's token role. Returns what does not hold (empty: all hold)."""
     role = {"execution": "tokens_execution", "delegation": "tokens_launch", "rubric_generation": "tokens_rubric"}
@@ -187,7 +196,7 @@ def run_invariants(rows: list[dict], cfg) -> list[str]:
         if (r["tasks"], r["trees"], r["errors"]) != (str(cfg.tasks_per_update), str(cfg.tasks_per_update * cfg.trees_per_task), "0"):
             wrong.append(f"{v}: tasks, trees, errors {r['tasks']}, {r['trees']}, {r['errors']}")
         wrong += [f"{v}: {k} {r[k]}" for k in zeros if r[k] not in ("", None) and float(r[k]) != 0.0]
-        if trained and float(r["ratio_mean"]) != 1.0:
+        if trained and abs(float(r["ratio_mean"]) - 1.0) > RATIO_TOLERANCE:
             wrong.append(f"{v}: ratio_mean {r['ratio_mean']}")
         if r["stage"] not in role or trained != int(r[role[r["stage"]]]):
             wrong.append(f"{v}: tokens_trained {trained} on stage {r['stage']}")

@@ -21,6 +21,23 @@ def cpu_flags() -> str | None:
     return next((line.split(":", 1)[1] + " " for line in text.splitlines() if line.startswith("flags")), "")
 
 
+VENDORS = {"GenuineIntel": "intel", "AuthenticAMD": "amd"}
+"""Short names of the x86 vendors (``vendor_id`` in ``/proc/cpuinfo``)."""
+
+
+def cpu_vendor() -> str:
+    """The CPU's maker: ``intel``, ``amd``, another x86 ``vendor_id`` lowercased, or the machine
+    type (``aarch64``) where ``/proc/cpuinfo`` names none. Math libraries pick kernels by maker
+    as well as by instruction set (MKL's sgemm rounds differently on an AMD EPYC than on an Intel
+    Xeon at the same AVX2 level: docs/reliability.md)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    vendor = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("vendor_id")), "")
+    return VENDORS.get(vendor, vendor.lower()) or platform.machine().lower()
+
+
 def native_bf16(*, cuda: bool | None = None, flags: str | None = None) -> bool:
     """Whether bfloat16 matrix products run natively here: on CUDA, a GPU that supports
     bfloat16; on an x86_64 CPU, the AVX512_BF16 or AMX_BF16 instructions (``flags``:
@@ -56,7 +73,7 @@ FLAGS_THAT_MATTER = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "am
 
 
 def describe() -> dict:
-    """This machine as the workbook's numbers depend on it: the CPU model, which of
+    """This machine as the workbook's numbers depend on it: the CPU model and maker, which of
     :data:`FLAGS_THAT_MATTER` it has, torch's kernel level (``torch.backends.cpu.get_cpu_capability``),
     cores, and the precision ``auto`` chooses (bf16 where :func:`native_bf16`, else float32)."""
     flags = (cpu_flags() or "").split()
@@ -66,7 +83,7 @@ def describe() -> dict:
         info = []
     model = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), platform.processor())
     bf16 = native_bf16()
-    return {"cpu": model, "cores": os.cpu_count(), "flags": {f: f in flags for f in FLAGS_THAT_MATTER},
+    return {"cpu": model, "vendor": cpu_vendor(), "cores": os.cpu_count(), "flags": {f: f in flags for f in FLAGS_THAT_MATTER},
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "cuda": torch.cuda.is_available(),
             "native_bf16": bf16, "auto_precision": "bf16" if bf16 else "float32"}
 
