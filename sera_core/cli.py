@@ -235,13 +235,13 @@ def cmd_tiny(args: argparse.Namespace) -> dict[str, Any]:
     from dataclasses import replace
 
     from sera_core.policy.models import EMBEDDED, is_adapter
-    from sera_core.tiny.warmstart import (EPOCH_WARMSTART, SHIPPED_RECIPE, SMALL_WARMSTART, build_adapter, built_folder,
-                                          plan_build, read_manifest, write_manifest)
+    from sera_core.tiny.warmstart import (EPOCH_WARMSTART, SMALL_WARMSTART, build_adapter, built_folder,
+                                          plan_build, read_manifest, shipped_recipe, write_manifest)
 
     if args.action == "build":
         if args.small and args.epoch:
             raise UserInputError("--small and --epoch name two recipes: pass one")
-        recipe = SMALL_WARMSTART if args.small else EPOCH_WARMSTART if args.epoch else SHIPPED_RECIPE
+        recipe = SMALL_WARMSTART if args.small else EPOCH_WARMSTART if args.epoch else shipped_recipe()
         demos = {k: v for k, v in (("perturb", args.perturb), ("explain", args.explain or None),
                                    ("oversample", args.oversample), ("textworld_easy", args.textworld_easy)) if v is not None}
         recipe = replace(recipe, demos=replace(recipe.demos, **demos))
@@ -252,6 +252,15 @@ def cmd_tiny(args: argparse.Namespace) -> dict[str, Any]:
         return {"action": "build", "out": str(out), "recipe_hash": manifest["recipe_hash"],
                 "parameters": manifest["parameters"], "build_seconds": manifest["build_seconds"],
                 "final_loss": manifest["training"]["final_loss"], "adapter_sha256": manifest["adapter_sha256"]}
+    if args.action == "ship":  # the rule, then the candidate's adapter in the shipped one's place if it ships
+        from sera_core.tiny.verdict import ship, verdict_table
+
+        if args.save is None or args.against is None:
+            raise UserInputError("ship reads two measurement folders: --save CANDIDATE --against SHIPPED")
+        verdict = ship(args.save, args.against, args.protocol or "warmstart", to=args.out)
+        print(verdict_table(verdict), file=sys.stderr)
+        return {"action": "ship", "shipped": verdict["shipped"], "beaten": verdict["beaten"], "of": verdict["of"],
+                **{k: verdict[k] for k in ("to", "recipe_hash") if k in verdict}}
     if args.action == "compare":  # the protocol's rule on two measurements (sera_core.tiny.verdict)
         from sera_core.tiny.verdict import compare_measurements, verdict_table
 
@@ -458,8 +467,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("figures"), help="output folder")
     p.set_defaults(func=cmd_tables)
 
-    p = sub.add_parser("tiny", help="build, measure or compare the embedded policy (SmolLM2-135M-Instruct + LoRA warm start)")
-    p.add_argument("action", choices=["build", "measure", "compare"])
+    p = sub.add_parser("tiny", help="build, measure, compare or ship the embedded policy (SmolLM2-135M-Instruct + LoRA warm start)")
+    p.add_argument("action", choices=["build", "measure", "compare", "ship"])
     p.add_argument("--small", action="store_true", help="build: the small test recipe (a minute)")
     p.add_argument("--epoch", action="store_true",
                    help="build: the one-epoch recipe (EPOCH_WARMSTART: every demonstration once, whole, in packed steps; "
@@ -483,7 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "0: the shipped recipe)")
     p.add_argument("--out", type=Path,
                    help="build: output folder (default ~/.cache/sera/embedded/<recipe hash>); measure: the adapter "
-                        "folder (default: the shipped one)")
+                        "folder (default: the shipped one); ship: where the adapter goes (default: the shipped one's folder)")
     p.add_argument("--tasks", type=int, default=20,
                    help="measure: tasks per level (TextCraft val easy and medium, TextWorld test easy)")
     p.add_argument("--groups", type=int, default=8, help="measure: tasks played with counterfactual groups at temperature 1")
@@ -499,7 +508,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measure: the sets of a frozen protocol instead (docs/protocol.md, e.g. warmstart; vLLM engine)")
     p.add_argument("--sets", nargs="+", default=None, help="measure --protocol: these sets (default: its test sets and the sets its measures read)")
     p.add_argument("--against", type=Path, default=None,
-                   help="compare: the shipped adapter's measurement folder (--save names the candidate's)")
+                   help="compare, ship: the shipped adapter's measurement folder (--save names the candidate's)")
     p.add_argument("--write", type=Path, default=None, help="compare: write the verdict to this JSON file (figures/warmstart.json)")
     p.set_defaults(func=cmd_tiny)
 

@@ -182,3 +182,53 @@ def test_two_measurements_are_compared_by_the_protocols_rule_tree_by_tree(tmp_pa
                  "--against", str(tmp_path / "careless"), "--write", str(written)]) == 0
     record = json.loads(written.read_text())
     assert record.pop("command").startswith("sera tiny compare --save") and record == json.loads(json.dumps(verdict))
+
+
+def test_a_candidate_that_wins_by_the_rule_is_shipped_whole_and_one_that_loses_moves_nothing(tmp_path):
+    """``sera tiny ship`` (:func:`~sera_core.tiny.verdict.ship`): the candidate measurement's
+    adapter folder (its policy ``vllm:FOLDER``) replaces the shipped folder when the rule says so,
+    with exactly the shipped files and its measured figures in its manifest; a losing candidate, or
+    one whose recipe the code no longer holds, leaves the shipped folder as it was."""
+    import shutil
+
+    from sera_core.agents.actors import make_actor, noisy_expert
+    from sera_core.cli import main
+    from sera_core.policy.models import EMBEDDED
+    from sera_core.tiny.measure import measure_protocol
+    from sera_core.tiny.verdict import SHIPPED_FILES, ship
+    from sera_core.tiny.warmstart import RECIPES, read_manifest, shipped_recipe, write_manifest
+
+    warm = load_protocol("warmstart")
+    small = {**warm, "name": "small", "sets": {
+        "easy": {**warm["sets"]["textcraft_easy_test"], "ids": warm["sets"]["textcraft_easy_test"]["ids"][:4]}},
+        "measures": [{"set": "easy", "measure": "root success", "target": 0.6}]}
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps(small))
+    adapter, shipped = tmp_path / "candidate", tmp_path / "embedded"
+    for folder in (adapter, shipped):  # real adapter files: the candidate's and the place it goes
+        shutil.copytree(EMBEDDED, folder, ignore=shutil.ignore_patterns("*.tmp"))
+    (shipped / "stale.txt").write_text("from the adapter shipped before")
+    measure_protocol(f"vllm:{adapter}", path, out=tmp_path / "good", actor=make_actor("expert"))
+    measure_protocol("careless", path, out=tmp_path / "bad", actor=noisy_expert(0.9))
+    before = {p.name: p.read_bytes() for p in shipped.iterdir()}
+
+    lost = ship(tmp_path / "bad", tmp_path / "good", path, to=shipped)
+    assert not lost["ships"] and not lost["shipped"]
+    assert {p.name: p.read_bytes() for p in shipped.iterdir()} == before
+
+    manifest = read_manifest(adapter)
+    write_manifest(adapter, manifest | {"recipe_hash": "0" * 16})
+    with pytest.raises(UserInputError, match="names recipe 0000000000000000"):
+        ship(tmp_path / "good", tmp_path / "bad", path, to=shipped)
+    assert {p.name: p.read_bytes() for p in shipped.iterdir()} == before
+    write_manifest(adapter, manifest)
+
+    assert main(["tiny", "ship", "--protocol", str(path), "--save", str(tmp_path / "good"),
+                 "--against", str(tmp_path / "bad"), "--out", str(shipped)]) == 0
+    assert sorted(p.name for p in shipped.iterdir()) == sorted(SHIPPED_FILES)
+    assert (shipped / "adapter_model.safetensors").read_bytes() == (adapter / "adapter_model.safetensors").read_bytes()
+    figures = read_manifest(shipped)["results"]
+    good = json.loads((tmp_path / "good" / "results.json").read_text())
+    assert {k: v for k, v in figures.items() if k != "note"} == good["sets"]
+    assert good["protocol"]["hash"] in figures["note"] and "1 of 1 measures" in figures["note"]
+    assert shipped_recipe(shipped) is RECIPES["first"]

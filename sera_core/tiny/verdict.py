@@ -112,3 +112,50 @@ def verdict_table(verdict: dict[str, Any]) -> str:
     lines.append(f"\nThe candidate beats the shipped adapter on {verdict['beaten']} of {verdict['of']} measures: "
                  f"it {'ships' if verdict['ships'] else 'does not ship'} ({verdict['rule']}).")
     return "\n".join(lines)
+
+
+SHIPPED_FILES = ("adapter_config.json", "adapter_model.safetensors", "manifest.json")
+"""What an adapter folder ships with (the build's folder may hold nothing else that ships)."""
+
+
+def ship(candidate: str | os.PathLike, shipped: str | os.PathLike, protocol: str = "warmstart", *,
+         to: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Apply the protocol's rule to two measurement folders (:func:`compare_measurements`) and,
+    when the candidate ships, put its adapter in the place of the shipped one (``to``, default
+    :data:`~sera_core.policy.models.EMBEDDED`), whole or not at all
+    (:func:`~sera_core.utils.folders.swap_in`). The adapter is the folder the candidate
+    measurement played (its policy ``vllm:FOLDER``); its manifest's ``results`` become that
+    measurement's figures per set (notebook 00 shows them) with a ``note`` naming the protocol
+    and its hash. A candidate built from no recipe of :data:`~sera_core.tiny.warmstart.RECIPES`
+    is refused before anything moves. Returns the verdict with ``shipped`` (whether the adapter
+    moved) and, when it did, ``to``."""
+    import shutil
+
+    from sera_core.policy.models import EMBEDDED
+    from sera_core.tiny.warmstart import read_manifest, shipped_recipe, write_manifest
+    from sera_core.utils.folders import swap_in
+
+    verdict = compare_measurements(shipped, candidate, protocol)
+    if not verdict["ships"]:
+        return verdict | {"shipped": False}
+    spec = verdict["policies"]["candidate"]
+    folder = Path(spec.split(":", 1)[1] if spec.startswith(("vllm:", "hf:")) else spec)
+    missing = [name for name in SHIPPED_FILES if not (folder / name).is_file()]
+    if missing:
+        raise UserInputError(f"{folder} (the candidate measurement's policy) lacks {', '.join(missing)}")
+    recipe = shipped_recipe(folder)  # refused here when the code no longer holds its recipe
+    measured = json.loads((Path(candidate) / "results.json").read_text())
+    manifest = read_manifest(folder)
+    manifest["results"] = {**measured["sets"], "note": (
+        f"measured under the frozen {verdict['protocol']['name']} protocol (hash {verdict['protocol']['hash']}, "
+        f"docs/protocol.md) by `sera tiny measure --protocol {protocol}`: one entry per set, its role beside it; "
+        f"it beat the adapter shipped before it on {verdict['beaten']} of {verdict['of']} measures ({verdict['rule']})")}
+    to = Path(to) if to is not None else EMBEDDED
+    tmp = to.with_name(to.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name in SHIPPED_FILES[:-1]:
+        shutil.copy2(folder / name, tmp / name)
+    write_manifest(tmp, manifest)
+    swap_in(tmp, to)
+    return verdict | {"shipped": True, "to": str(to), "recipe_hash": recipe.config_hash()}

@@ -102,11 +102,27 @@ role and length). One in three of the children's act conversations that launch n
 kept (:attr:`~sera_core.tiny.demos.DemoConfig.child_act_keep`), so that the epoch fits about
 10 hours on 2 cores."""
 
-SHIPPED_RECIPE = WarmStartRecipe()
-"""The recipe of the shipped adapter (``sera_core/assets/embedded``, ``model: tiny``): what
-``sera tiny build`` and ``make tiny`` rebuild, and what the shipped manifest's ``recipe_hash``
-must name (a test and notebook 00 check it). Shipping the one-epoch build (issue 58, when the
-``warmstart`` protocol's rule says so) sets it to :data:`EPOCH_WARMSTART`."""
+RECIPES = {"first": WarmStartRecipe(), "epoch": EPOCH_WARMSTART}
+"""The recipes an adapter of the workbook may be shipped from, by name: ``first`` (220 steps of
+2 samples, the adapter shipped until the epoch build is measured) and ``epoch``
+(:data:`EPOCH_WARMSTART`). The shipped manifest names one of them by its hash
+(:func:`shipped_recipe`), so shipping another adapter is a folder swap (``sera tiny ship``), not an
+edit of the code."""
+
+
+def shipped_recipe(path: str | os.PathLike = EMBEDDED) -> WarmStartRecipe:
+    """The recipe of the adapter in ``path`` (default: the shipped one, ``model: tiny``): the one
+    of :data:`RECIPES` whose hash its manifest's ``recipe_hash`` is; what ``sera tiny build``
+    rebuilds by default. A manifest naming no known recipe (a recipe edited since the adapter
+    was built changes its hash) is refused, naming both."""
+    digest = read_manifest(path)["recipe_hash"]
+    known = {recipe.config_hash(): name for name, recipe in RECIPES.items()}
+    if digest not in known:
+        raise UserInputError(f"{Path(path) / 'manifest.json'} names recipe {digest}, and tiny.warmstart.RECIPES hashes "
+                             f"to {', '.join(f'{n} {h}' for h, n in known.items())}: rebuild the adapter (sera tiny build) "
+                             "or restore the recipe it was built from")
+    return RECIPES[known[digest]]
+
 
 CUT_MARKER = "\n... [tokens omitted] ...\n"
 """What stands for the middle of a sample cut to ``max_len`` (:func:`sera_core.tiny.sft.fit`):
