@@ -37,9 +37,10 @@ demo: setup  ## Main job on the embedded default: both benchmarks solved by the 
 	$(BIN)/sera tables --runs runs/demo/eval_tiny --out runs/demo/tables
 
 # The tests and the notebooks (nbval, smoke setting) in one pytest run on 2 workers, one core each; a
-# worker runs a whole file at a time (--dist loadfile), so a notebook's cells stay in order in one kernel.
+# worker runs a whole test file at a time (--dist loadfile), and one worker all the notebooks in order
+# (conftest.py: 09 reads 08's run, 10 reads 09's), handed out first since they take longest together.
 TESTS := SERA_SMOKE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile --durations=25 \
-  --nbval-lax --nbval-sanitize-with notebooks/nbval_sanitize.cfg tests notebooks
+  --nbval-lax --nbval-sanitize-with notebooks/nbval_sanitize.cfg notebooks tests
 test: setup  ## Run the tests: pytest and every notebook with nbval, on 2 workers (prints the machine first)
 	@echo "machine: $$($(BIN)/python -m sera_core.utils.hardware)"
 	$(TESTS)
