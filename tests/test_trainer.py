@@ -242,10 +242,11 @@ def test_the_invariant_check_fails_on_a_real_change(reference):
 
 
 def test_golden_tiny_run_matches_the_committed_reference(reference):
-    """The exact reference of this machine's instruction set (:func:`instruction_set`): one
-    reference per set, because a set's kernels round floats their own way and a sampled token
-    can change with the last bit (tests/golden/train_tiny.<set>.json; the avx512_bf16 and
-    avx512 references are equal, measured 2026-12-07). A machine whose set has none skips this
+    """The exact reference of this machine's maker and kernel level (:func:`instruction_set`):
+    one reference per key, because kernels round floats their own way and a sampled token can
+    change with the last bit (tests/golden/train_tiny.<maker>.<level>.json; intel.avx512_bf16,
+    intel.avx512 and intel.avx2 are equal but for a mean ratio of 0.999997 on avx2, measured
+    2026-12-07, the run on one thread: :func:`golden_run`). A machine whose key has none skips this
     half; the invariants above still run. Changing a reference needs a stated reason (a new
     shipped model, a deliberate change of the rewards or the update); regenerate with
     ``python tests/golden/make_golden.py`` on a machine of that set."""

@@ -321,10 +321,11 @@ def test_the_machine_line_names_the_flags_the_kernels_and_the_precision():
     """``python -m sera_core.utils.hardware`` (printed by ``make test``, so by CI): what decides
     the kernels and the ``auto`` precision, agreeing with :func:`native_bf16` on this machine."""
     import json
+    import platform
     import subprocess
     import sys
 
-    from sera_core.utils.hardware import FLAGS_THAT_MATTER, cpu_flags
+    from sera_core.utils.hardware import FLAGS_THAT_MATTER, cpu_flags, cpu_vendor, cpuinfo
 
     line = json.loads(subprocess.run([sys.executable, "-m", "sera_core.utils.hardware"], capture_output=True, text=True,
                                      check=True).stdout)
@@ -332,6 +333,7 @@ def test_the_machine_line_names_the_flags_the_kernels_and_the_precision():
     assert line["flags"]["avx512_bf16"] == (" avx512_bf16 " in f" {cpu_flags()} ")
     assert line["native_bf16"] == native_bf16() and line["auto_precision"] == ("bf16" if native_bf16() else "float32")
     assert line["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability() and line["cores"] >= 1
+    assert line["vendor"] == cpu_vendor() != "" and line["cpu"] == (cpuinfo("model name") or platform.processor())
 
 
 def test_engine_arguments_bound_memory_and_pin_one_engine_per_process(tmp_path):

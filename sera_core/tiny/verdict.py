@@ -131,7 +131,7 @@ def ship(candidate: str | os.PathLike, shipped: str | os.PathLike, protocol: str
     moved) and, when it did, ``to``."""
     import shutil
 
-    from sera_core.policy.models import EMBEDDED
+    from sera_core.policy.models import EMBEDDED, model_folder
     from sera_core.tiny.warmstart import read_manifest, shipped_recipe, write_manifest
     from sera_core.utils.folders import swap_in
 
@@ -139,7 +139,7 @@ def ship(candidate: str | os.PathLike, shipped: str | os.PathLike, protocol: str
     if not verdict["ships"]:
         return verdict | {"shipped": False}
     spec = verdict["policies"]["candidate"]
-    folder = Path(spec.split(":", 1)[1] if spec.startswith(("vllm:", "hf:")) else spec)
+    folder = model_folder(spec.partition(":")[2] or spec)  # vllm:FOLDER or hf:FOLDER, as make_actor reads it
     missing = [name for name in SHIPPED_FILES if not (folder / name).is_file()]
     if missing:
         raise UserInputError(f"{folder} (the candidate measurement's policy) lacks {', '.join(missing)}")
@@ -154,8 +154,9 @@ def ship(candidate: str | os.PathLike, shipped: str | os.PathLike, protocol: str
     tmp = to.with_name(to.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    for name in SHIPPED_FILES[:-1]:
-        shutil.copy2(folder / name, tmp / name)
+    for name in SHIPPED_FILES:
+        if name != "manifest.json":  # written below, with the measured figures
+            shutil.copy2(folder / name, tmp / name)
     write_manifest(tmp, manifest)
     swap_in(tmp, to)
     return verdict | {"shipped": True, "to": str(to), "recipe_hash": recipe.config_hash()}

@@ -25,16 +25,22 @@ VENDORS = {"GenuineIntel": "intel", "AuthenticAMD": "amd"}
 """Short names of the x86 vendors (``vendor_id`` in ``/proc/cpuinfo``)."""
 
 
+def cpuinfo(field: str) -> str | None:
+    """The first ``field`` line of ``/proc/cpuinfo`` (``model name``, ``vendor_id``), its value
+    stripped; None where the file or the field is absent."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return None
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(field)), None)
+
+
 def cpu_vendor() -> str:
     """The CPU's maker: ``intel``, ``amd``, another x86 ``vendor_id`` lowercased, or the machine
     type (``aarch64``) where ``/proc/cpuinfo`` names none. Math libraries pick kernels by maker
     as well as by instruction set (MKL's sgemm rounds differently on an AMD EPYC than on an Intel
     Xeon at the same AVX2 level: docs/reliability.md)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        text = ""
-    vendor = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("vendor_id")), "")
+    vendor = cpuinfo("vendor_id") or ""
     return VENDORS.get(vendor, vendor.lower()) or platform.machine().lower()
 
 
@@ -77,11 +83,7 @@ def describe() -> dict:
     :data:`FLAGS_THAT_MATTER` it has, torch's kernel level (``torch.backends.cpu.get_cpu_capability``),
     cores, and the precision ``auto`` chooses (bf16 where :func:`native_bf16`, else float32)."""
     flags = (cpu_flags() or "").split()
-    try:
-        info = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        info = []
-    model = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), platform.processor())
+    model = cpuinfo("model name") or platform.processor()
     bf16 = native_bf16()
     return {"cpu": model, "vendor": cpu_vendor(), "cores": os.cpu_count(), "flags": {f: f in flags for f in FLAGS_THAT_MATTER},
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "cuda": torch.cuda.is_available(),
