@@ -169,17 +169,9 @@ def model_identity(cfg: Any) -> dict[str, Any]:
     """What names a run config's starting model: ``model`` and ``backend``, and for an adapter
     folder (the embedded policy) its recipe hash, base weights and the sha256 of its weights file."""
     from sera_core.policy.checkpoints import model_path
-    from sera_core.policy.models import is_adapter
-    from sera_core.utils.folders import sha256_file
+    from sera_core.policy.models import adapter_identity
 
-    path, out = model_path(cfg), {"model": cfg.model, "backend": cfg.backend}
-    if is_adapter(path):
-        from sera_core.tiny.warmstart import read_manifest
-
-        manifest = read_manifest(path)
-        out |= {"recipe_hash": manifest.get("recipe_hash"), "base": manifest.get("base"),
-                "adapter_sha256": sha256_file(path / "adapter_model.safetensors")}
-    return out
+    return {"model": cfg.model, "backend": cfg.backend} | (adapter_identity(model_path(cfg)) or {})
 
 
 @dataclass(frozen=True)

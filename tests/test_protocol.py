@@ -4,6 +4,7 @@ task, every id exists, and a run under another protocol is refused."""
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 
 import pytest
@@ -129,6 +130,7 @@ def test_a_policy_is_measured_on_a_protocols_sets_and_resumes(tmp_path):
     assert len(list((out / "long.trees.jsonl").read_text().splitlines())) == 2  # tree by tree, t0 and t1
     again = measure_protocol("expert", path, out=out)
     assert again == results  # read back, not played again
+    assert results["adapter"] is None  # a scripted expert plays no adapter
     with pytest.raises(UserInputError, match="measures expert, not vllm:tiny"):
         measure_protocol("vllm:tiny", path, out=out)
 
@@ -170,6 +172,7 @@ def test_two_measurements_are_compared_by_the_protocols_rule_tree_by_tree(tmp_pa
     assert all(r["beats_shipped"] == (r["candidate"] > r["shipped"]) for r in verdict["measures"])
     assert verdict["beaten"] >= 1 and verdict["ships"] == (verdict["beaten"] >= 2)
     assert success["meets_target"] and "beats the shipped adapter on" in verdict_table(verdict)
+    assert verdict["adapters"] == {"shipped": None, "candidate": None} and "candidate: `expert`, no adapter" in verdict_table(verdict)
     same = compare_measurements(tmp_path / "careful", tmp_path / "careful", path)
     assert same["beaten"] == 0 and not same["ships"]  # a tie beats nothing
     assert all(r.get("mcnemar_p", 1.0) == 1.0 for r in same["measures"])
@@ -222,6 +225,19 @@ def test_a_candidate_that_wins_by_the_rule_is_shipped_whole_and_one_that_loses_m
         ship(tmp_path / "good", tmp_path / "bad", path, to=shipped)
     assert {p.name: p.read_bytes() for p in shipped.iterdir()} == before
     write_manifest(adapter, manifest)
+
+    weights = adapter / "adapter_model.safetensors"  # the folder's weights changed after their measurement
+    measured = weights.read_bytes()
+    recorded = json.loads((tmp_path / "good" / "results.json").read_text())["adapter"]
+    assert recorded == {"recipe_hash": manifest["recipe_hash"], "base": manifest["base"],
+                        "adapter_sha256": hashlib.sha256(measured).hexdigest()}
+    weights.write_bytes(measured[:-1] + bytes([measured[-1] ^ 1]))
+    with pytest.raises(UserInputError, match=f"but {tmp_path / 'good'} measured adapter {recorded['adapter_sha256'][:12]}"):
+        ship(tmp_path / "good", tmp_path / "bad", path, to=shipped)
+    with pytest.raises(UserInputError, match="measure it into another folder"):
+        measure_protocol(f"vllm:{adapter}", path, out=tmp_path / "good", actor=make_actor("expert"))
+    assert {p.name: p.read_bytes() for p in shipped.iterdir()} == before
+    weights.write_bytes(measured)
 
     assert main(["tiny", "ship", "--protocol", str(path), "--save", str(tmp_path / "good"),
                  "--against", str(tmp_path / "bad"), "--out", str(shipped)]) == 0

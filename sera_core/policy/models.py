@@ -41,6 +41,20 @@ def is_adapter(path: str | os.PathLike) -> bool:
     return (Path(path) / "adapter_config.json").is_file()
 
 
+def adapter_identity(path: str | os.PathLike) -> dict | None:
+    """What names the adapter at ``path``: its manifest's recipe hash and base, and the sha256
+    of its weights file as it is now (not as the manifest says); None where ``path`` is no
+    adapter folder (a Hugging Face folder, a checkpoint, a scripted policy's name)."""
+    from sera_core.utils.folders import sha256_file
+
+    path = Path(path)
+    if not is_adapter(path):
+        return None
+    manifest = json.loads((path / "manifest.json").read_text())
+    return {"recipe_hash": manifest.get("recipe_hash"), "base": manifest.get("base"),
+            "adapter_sha256": sha256_file(path / "adapter_model.safetensors")}
+
+
 def adapter_base(path: str | os.PathLike) -> Path:
     """The base folder of the adapter at ``path``, after checking its weights' sha256."""
     from sera_core.policy.base_model import BASE_NAME, base_model_folder, weights_digest

@@ -250,6 +250,9 @@ def measure_protocol(spec: str, protocol: str, sets: list[str] | None = None, *,
     :func:`rescore_points`) and each finished set is written at once, so an interrupted
     measurement resumes; ``out`` is bound to the protocol's hash and sets
     (:func:`~sera_core.eval.protocol.bind_protocol`): a changed protocol is refused before any work.
+    ``results.json`` also records the adapter the spec plays (:func:`measured_adapter`: the
+    sha256 of its weights, its recipe hash); a rerun whose spec now names other weights (the
+    shipped adapter replaced since) is refused rather than mixing two adapters in one file.
     ``actor``: an actor already made (e.g. a noisy expert), recorded under the name ``spec``."""
     from sera_core.agents.actors import make_actor
     from sera_core.eval.protocol import bind_protocol, load_protocol, protocol_tasks
@@ -259,9 +262,14 @@ def measure_protocol(spec: str, protocol: str, sets: list[str] | None = None, *,
     out = Path(out)
     record = bind_protocol(out, protocol, *sets)
     path = out / "results.json"
-    results = json.loads(path.read_text()) if path.exists() else {"policy": spec, "protocol": record, "sets": {}}
+    adapter = measured_adapter(spec)
+    results = (json.loads(path.read_text()) if path.exists()
+               else {"policy": spec, "adapter": adapter, "protocol": record, "sets": {}})
     if results["policy"] != spec:
         raise UserInputError(f"{path} measures {results['policy']}, not {spec}: use another folder")
+    if results.get("adapter") != adapter:
+        raise UserInputError(f"{path} measured {spec} when it named {adapter_words(results.get('adapter'))}; it names "
+                             f"{adapter_words(adapter)} now: measure it into another folder")
     contract = chosen["contract"]
     for name in sets:
         if name in results["sets"]:
@@ -283,6 +291,21 @@ def measure_protocol(spec: str, protocol: str, sets: list[str] | None = None, *,
         results["sets"][name] = figures | {"role": set_spec["role"], "seconds": round(time.perf_counter() - t0, 1)}
         write_atomic(path, json.dumps(results, indent=1).encode())
     return results
+
+
+def measured_adapter(spec: str) -> dict | None:
+    """The adapter a policy spec plays (``vllm:tiny``, ``vllm:FOLDER``, ``hf:FOLDER``), as
+    :func:`~sera_core.policy.models.adapter_identity` names it, so that a measurement records
+    which weights it measured and a resume or a ``ship`` can refuse others; None for anything
+    that is no adapter folder (a scripted expert, a checkpoint, a plain model folder)."""
+    from sera_core.policy.models import adapter_identity, model_folder
+
+    return adapter_identity(model_folder(spec.partition(":")[2] or spec))
+
+
+def adapter_words(adapter: dict | None) -> str:
+    """An adapter identity (:func:`measured_adapter`) in a few words, for messages and tables."""
+    return "no adapter" if adapter is None else f"adapter {adapter['adapter_sha256'][:12]} (recipe {adapter['recipe_hash']})"
 
 
 def default_sets(protocol: dict[str, Any]) -> list[str]:

@@ -94,6 +94,7 @@ def compare_measurements(shipped: str | os.PathLike, candidate: str | os.PathLik
     beaten = sum(row["beats_shipped"] for row in rows)
     return {"protocol": {"name": chosen["name"], "hash": digest}, "rule": chosen["rule"],
             "policies": {side: results[side]["policy"] for side in folders},
+            "adapters": {side: results[side].get("adapter") for side in folders},
             "measures": rows, "beaten": beaten, "of": len(rows), "ships": beaten > len(rows) / 2}
 
 
@@ -109,6 +110,11 @@ def verdict_table(verdict: dict[str, Any]) -> str:
         paired = f"{row['gained']}/{row['lost']}, p = {row['mcnemar_p']:g}" if "mcnemar_p" in row else ""
         lines.append(f"| {row['measure']} | `{row['set']}` | {show(row['shipped'])} | {show(row['candidate'])} | "
                      f"{show(row['target'])} | {'yes' if row['beats_shipped'] else 'no'} | {paired} |")
+    from sera_core.tiny.measure import adapter_words
+
+    adapters = verdict.get("adapters", {})
+    lines.append("\n" + "; ".join(f"{side}: `{verdict['policies'][side]}`, {adapter_words(adapters.get(side))}"
+                                  for side in ("shipped", "candidate")) + ".")
     lines.append(f"\nThe candidate beats the shipped adapter on {verdict['beaten']} of {verdict['of']} measures: "
                  f"it {'ships' if verdict['ships'] else 'does not ship'} ({verdict['rule']}).")
     return "\n".join(lines)
@@ -127,11 +133,13 @@ def ship(candidate: str | os.PathLike, shipped: str | os.PathLike, protocol: str
     measurement played (its policy ``vllm:FOLDER``); its manifest's ``results`` become that
     measurement's figures per set (notebook 00 shows them) with a ``note`` naming the protocol
     and its hash. A candidate built from no recipe of :data:`~sera_core.tiny.warmstart.RECIPES`
-    is refused before anything moves. Returns the verdict with ``shipped`` (whether the adapter
-    moved) and, when it did, ``to``."""
+    is refused before anything moves, and so is an adapter folder whose weights are no longer
+    the ones the candidate measurement recorded (:func:`~sera_core.tiny.measure.measured_adapter`).
+    Returns the verdict with ``shipped`` (whether the adapter moved) and, when it did, ``to``."""
     import shutil
 
     from sera_core.policy.models import EMBEDDED, model_folder
+    from sera_core.tiny.measure import adapter_words, measured_adapter
     from sera_core.tiny.warmstart import read_manifest, shipped_recipe, write_manifest
     from sera_core.utils.folders import swap_in
 
@@ -144,6 +152,9 @@ def ship(candidate: str | os.PathLike, shipped: str | os.PathLike, protocol: str
     if missing:
         raise UserInputError(f"{folder} (the candidate measurement's policy) lacks {', '.join(missing)}")
     recipe = shipped_recipe(folder)  # refused here when the code no longer holds its recipe
+    if measured_adapter(spec) != verdict["adapters"]["candidate"]:
+        raise UserInputError(f"{folder} holds {adapter_words(measured_adapter(spec))}, but {candidate} measured "
+                             f"{adapter_words(verdict['adapters']['candidate'])}: measure what is there before shipping it")
     measured = json.loads((Path(candidate) / "results.json").read_text())
     manifest = read_manifest(folder)
     manifest["results"] = {**measured["sets"], "note": (
