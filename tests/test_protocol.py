@@ -197,7 +197,7 @@ def test_a_candidate_that_wins_by_the_rule_is_shipped_whole_and_one_that_loses_m
     from sera_core.agents.actors import make_actor, noisy_expert
     from sera_core.cli import main
     from sera_core.policy.models import EMBEDDED
-    from sera_core.tiny.measure import measure_protocol
+    from sera_core.tiny.measure import measure_protocol, results_table
     from sera_core.tiny.verdict import SHIPPED_FILES, ship
     from sera_core.tiny.warmstart import RECIPES, read_manifest, shipped_recipe, write_manifest
 
@@ -248,3 +248,26 @@ def test_a_candidate_that_wins_by_the_rule_is_shipped_whole_and_one_that_loses_m
     assert {k: v for k, v in figures.items() if k != "note"} == good["sets"]
     assert good["protocol"]["hash"] in figures["note"] and "1 of 1 measures" in figures["note"]
     assert shipped_recipe(shipped) is RECIPES["first"]
+    table = results_table(figures)  # notebook 00's table of the shipped manifest: one column per set, its role in it
+    assert list(table) == ["easy"] and table["easy"]["role"] == "test" and table["easy"]["tasks"] == 4
+    assert table["easy"]["success easy"] == good["sets"]["easy"]["success"]["easy"]
+
+
+def test_the_manifest_results_table_reads_both_shapes_a_manifest_holds():
+    """``results_table`` (notebook 00): a manifest from before the protocols (one entry per benchmark,
+    the scorer's points nested in TextCraft's) gives one column per benchmark and no role; one written
+    by ``sera tiny ship`` (one entry per protocol set) gives one column per set with its role, a
+    points set's greedy pairwise accuracy among them; the note is never a column."""
+    from sera_core.tiny.measure import results_table
+
+    played = {"tasks": 8, "well_formed": 0.9, "rubric_validity": None, "score_validity": 1.0, "delegations": 2,
+              "success": {"easy": 0.5}, "delegating_tasks": {"easy": 0.25}}
+    points = {"points": 34, "pairwise_accuracy": 0.62, "ranking_loss": 0.15, "mixed": 34}
+    old = results_table({"textcraft": played | {"points": points}, "textworld": played, "note": "how"})
+    assert list(old) == ["textcraft", "textworld"] and "role" not in old["textcraft"]
+    assert old["textcraft"] == {"tasks": 8, "well-formed turns": 0.9, "valid rubrics": None, "valid scores": 1.0,
+                                "success easy": 0.5, "delegating easy": 0.25}
+    new = results_table({"textcraft_easy_test": played | {"role": "test", "trees": 8, "trees_solved": 4},
+                         "scorer_points": points | {"role": "test"}, "note": "how"})
+    assert new["textcraft_easy_test"]["role"] == "test" and new["textcraft_easy_test"]["success easy"] == 0.5
+    assert new["scorer_points"] == {"role": "test", "points": 34, "greedy pairwise accuracy": 0.62, "ranking loss": 0.15}

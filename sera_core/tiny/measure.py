@@ -103,6 +103,30 @@ def _figures(rollouts: list, benchmark: str) -> dict[str, Any]:
     }
 
 
+def results_table(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A manifest's ``results`` (what notebook 00 shows) as table columns, one per measured entry:
+    for a played entry (one with ``success``) its tasks, well-formed turns, rubric and score
+    validity, success and share of delegating roots per difficulty, and its ``role`` (dev or
+    test) when it has one; for a held-out points entry its greedy pairwise accuracy and ranking
+    loss. Both shapes a manifest holds: one entry per benchmark (:func:`measure`, the adapter
+    shipped before the protocols) or one per protocol set (:func:`measure_protocol`, written by
+    ``sera tiny ship``); the ``note`` is left out."""
+    table: dict[str, dict[str, Any]] = {}
+    for name, r in results.items():
+        if name == "note" or not isinstance(r, dict):
+            continue
+        role = {"role": r["role"]} if "role" in r else {}
+        if "success" in r:
+            table[name] = {**role, "tasks": r["tasks"], "well-formed turns": r["well_formed"],
+                           "valid rubrics": r["rubric_validity"], "valid scores": r["score_validity"],
+                           **{f"success {d}": v for d, v in r["success"].items()},
+                           **{f"delegating {d}": v for d, v in r["delegating_tasks"].items()}}
+        elif "pairwise_accuracy" in r:
+            table[name] = {**role, "points": r["points"], "greedy pairwise accuracy": r["pairwise_accuracy"],
+                           "ranking loss": r["ranking_loss"]}
+    return table
+
+
 def measure(model: str | os.PathLike, tasks: dict[str, list[dict]], *, groups: int = 0, points: int = 0, seed: int = 0,
             max_batch: int = 64, progress: bool = False, save: str | os.PathLike | None = None) -> dict[str, Any]:
     """Figures of ``model`` on ``tasks`` (``{benchmark name: [task records]}``, e.g.
