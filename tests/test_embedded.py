@@ -372,7 +372,8 @@ SMALL_EPOCH = replace(SMALL_WARMSTART, sft=replace(SMALL_WARMSTART.sft, tokens_p
 def test_a_packed_epoch_build_sees_every_demonstration_once_and_resumes_exactly(stand_in, tmp_path):
     """The one-epoch build's shape on the small recipe: the manifest says one whole epoch, every
     position of every demonstration trained once and none cut; stopped after step 4 and
-    resumed (last checkpoint at 3), it writes the uninterrupted build's adapter, byte for byte.
+    resumed (last checkpoint at 3), it writes the uninterrupted build's adapter, byte for byte, and
+    its manifest's build time counts the first run's training too.
     A rerun into a finished build's folder returns its manifest and touches nothing."""
     whole = build_adapter(SMALL_EPOCH, tmp_path / "whole", base=stand_in, progress=False)
     stamp = (tmp_path / "whole" / "adapter_model.safetensors").stat().st_mtime_ns
@@ -386,8 +387,11 @@ def test_a_packed_epoch_build_sees_every_demonstration_once_and_resumes_exactly(
     assert all(row["cut_share"] == 0.0 and row["learnt_lost"] == 0 for rows in by_role.values() for row in rows.values())
     assert sum(row["positions"] for rows in by_role.values() for row in rows.values()) == plan["positions"]
     assert build_adapter(SMALL_EPOCH, tmp_path / "part", base=stand_in, progress=False, stop_after=4) is None
+    state = tmp_path / "part.work" / "sft" / "checkpoint" / "state.json"  # as if the first run had trained for a day
+    state.write_text(json.dumps(json.loads(state.read_text()) | {"seconds": 86400.0}))
     again = build_adapter(SMALL_EPOCH, tmp_path / "part", base=stand_in, progress=False)
     assert again["training"]["resumed_from"] == 3
+    assert again["build_seconds"] >= again["training"]["seconds"] >= 86400.0  # the manifest's time spans every run
     assert (tmp_path / "part" / "adapter_model.safetensors").read_bytes() == \
         (tmp_path / "whole" / "adapter_model.safetensors").read_bytes()
 
