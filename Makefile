@@ -83,7 +83,7 @@ GPU_PYTHON ?= python3
 gpu-check: $(if $(DRY_RUN),setup,)  ## On a lent GPU machine (CUDA torch and vLLM, never make setup's CPU builds): one verdict in under 8 min -> runs/gpu_check/gpu_check.json; DRY_RUN=1: CI's CPU check of the engine arguments and the FSDP plan
 	PYTHONPATH=. $(if $(DRY_RUN),$(BIN)/python,$(GPU_PYTHON)) scripts/gpu_check.py --out runs/gpu_check $(if $(DRY_RUN),--dry-run,)
 
-tiny: setup  ## Rebuild the embedded policy's LoRA adapter from its recipe (about 75 min on 2 cores; resumes) and measure it
+tiny: setup  ## Rebuild the embedded policy's LoRA adapter from the recipe its manifest names (recipe first: about 95 min on 2 cores; epoch: about 10 h; resumes) and measure it
 	$(BIN)/sera tiny build --out sera_core/assets/embedded
 	$(BIN)/sera tiny measure --out sera_core/assets/embedded --record
 
