@@ -40,3 +40,17 @@ def test_the_notebooks_run_in_order_on_one_worker_and_test_files_on_either(tmp_p
                                                                                "test_one", "test_two")}
     assert len(workers["notebooks/a_first"] | workers["notebooks/b_second"]) == 1, done
     assert all(len(w) == 1 for w in workers.values()) and len(set().union(*workers.values())) == 2, done
+
+
+def test_the_longest_units_go_out_first_and_the_rest_keep_xdists_order():
+    """``handout_order`` (conftest.py): the notebooks, then the rubric stage's file and the other
+    long files of ``FIRST`` in its order, then every other file in the order xdist gave."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("root_conftest", ROOT / "conftest.py")
+    root = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(root)
+    given = ["tests/test_a.py", "tests/test_vllm_backend.py", "tests/test_b.py", "notebooks", "tests/test_rubric_stage.py"]
+    assert root.handout_order(given) == ["notebooks", "tests/test_rubric_stage.py", "tests/test_vllm_backend.py",
+                                         "tests/test_a.py", "tests/test_b.py"]
+    assert all((ROOT / unit).exists() for unit in root.FIRST)  # a renamed file would silently lose its place
