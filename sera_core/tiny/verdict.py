@@ -112,8 +112,7 @@ def verdict_table(verdict: dict[str, Any]) -> str:
                      f"{show(row['target'])} | {'yes' if row['beats_shipped'] else 'no'} | {paired} |")
     from sera_core.tiny.measure import adapter_words
 
-    adapters = verdict.get("adapters", {})
-    lines.append("\n" + "; ".join(f"{side}: `{verdict['policies'][side]}`, {adapter_words(adapters.get(side))}"
+    lines.append("\n" + "; ".join(f"{side}: `{verdict['policies'][side]}`, {adapter_words(verdict['adapters'][side])}"
                                   for side in ("shipped", "candidate")) + ".")
     lines.append(f"\nThe candidate beats the shipped adapter on {verdict['beaten']} of {verdict['of']} measures: "
                  f"it {'ships' if verdict['ships'] else 'does not ship'} ({verdict['rule']}).")
@@ -138,8 +137,8 @@ def ship(candidate: str | os.PathLike, shipped: str | os.PathLike, protocol: str
     Returns the verdict with ``shipped`` (whether the adapter moved) and, when it did, ``to``."""
     import shutil
 
-    from sera_core.policy.models import EMBEDDED, model_folder
-    from sera_core.tiny.measure import adapter_words, measured_adapter
+    from sera_core.policy.models import EMBEDDED, adapter_identity, model_folder
+    from sera_core.tiny.measure import adapter_words
     from sera_core.tiny.warmstart import read_manifest, shipped_recipe, write_manifest
     from sera_core.utils.folders import swap_in
 
@@ -152,8 +151,9 @@ def ship(candidate: str | os.PathLike, shipped: str | os.PathLike, protocol: str
     if missing:
         raise UserInputError(f"{folder} (the candidate measurement's policy) lacks {', '.join(missing)}")
     recipe = shipped_recipe(folder)  # refused here when the code no longer holds its recipe
-    if measured_adapter(spec) != verdict["adapters"]["candidate"]:
-        raise UserInputError(f"{folder} holds {adapter_words(measured_adapter(spec))}, but {candidate} measured "
+    held = adapter_identity(folder)  # the weights there now, hashed once
+    if held != verdict["adapters"]["candidate"]:
+        raise UserInputError(f"{folder} holds {adapter_words(held)}, but {candidate} measured "
                              f"{adapter_words(verdict['adapters']['candidate'])}: measure what is there before shipping it")
     measured = json.loads((Path(candidate) / "results.json").read_text())
     manifest = read_manifest(folder)
