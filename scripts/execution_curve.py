@@ -7,7 +7,8 @@ trees per update at temperature 1), ``schedule: execution:1`` on the *easy* trai
 says ``false`` to failed children). Before (the start, once) and after (each seed's checkpoint):
 ``sera eval`` root success at temperature 0 on the first ``--tasks`` easy *val* tasks, with the
 paired difference's 95% interval task by task
-(:func:`~sera_core.eval.aggregate.paired_change`); over seeds, mean ± ``1.96 * std / sqrt(n)``.
+(:func:`~sera_core.eval.aggregate.paired_change`); over seeds, mean ± Student's t half interval
+(``t_{0.975, n-1} * std / sqrt(n)``).
 ``--max-craft-steps N`` trains on the easy train tasks of at most ``N`` crafts only (a
 curriculum), and ``--val-max-craft-steps N`` measures on the easy val tasks of at most ``N``
 crafts (the held-out tasks of that distribution); an ``OUT`` whose task files were written

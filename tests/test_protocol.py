@@ -125,7 +125,7 @@ def test_a_policy_is_measured_on_a_protocols_sets_and_resumes(tmp_path):
     sets = results["sets"]
     assert set(sets) == {"easy", "long", "scorer_points"} and results["protocol"]["hash"] == protocol_hash(small)
     assert sets["easy"]["tasks"] == 2 and sets["easy"]["trees"] == 2 and sets["easy"]["well_formed"] == 1.0
-    assert sets["long"]["trees"] == 2 and 0 <= sets["long"]["trees_solved"] <= 2
+    assert sets["long"]["tasks"] == 1 and sets["long"]["trees"] == 2 and 0 <= sets["long"]["trees_solved"] <= 2
     assert sets["scorer_points"]["points"] >= 1 and 0 <= sets["scorer_points"]["pairwise_accuracy"] <= 1
     assert len(list((out / "long.trees.jsonl").read_text().splitlines())) == 2  # tree by tree, t0 and t1
     again = measure_protocol("expert", path, out=out)

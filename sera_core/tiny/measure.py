@@ -310,8 +310,8 @@ def measure_protocol(spec: str, protocol: str, sets: list[str] | None = None, *,
                                 max_steps_per_agent=contract["max_steps_per_agent"], max_new_tokens=contract["max_new_tokens"])
             rollouts, _ = play_kept(Runtime(bench, actor, cfg), tasks, progress=progress,
                                     kept=out / f"{name}.trees.jsonl", trees=set_spec["trees"])
-            figures = _figures(rollouts, bench) | {"trees_solved": sum(1 for r in rollouts if (r.tree.root_reward or 0) >= 1),
-                                                   "trees": len(rollouts)}
+            figures = _figures(rollouts, bench) | {"tasks": len(tasks), "trees": len(rollouts),  # trees: tasks x trees each
+                                                   "trees_solved": sum(1 for r in rollouts if (r.tree.root_reward or 0) >= 1)}
         results["sets"][name] = figures | {"role": set_spec["role"], "seconds": round(time.perf_counter() - t0, 1)}
         write_atomic(path, json.dumps(results, indent=1).encode())
     return results
