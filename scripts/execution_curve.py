@@ -19,7 +19,9 @@ Each step is a ``sera`` command in its own process (its engine's memory goes wit
 resumes (``--resume``), and a finished step is skipped, so the script can be killed and
 started again at any point. ``--report`` only writes ``OUT/results.json``, ``OUT/table.md``
 and ``OUT/execution_curve.png`` (``--figures DIR`` copies the figure and the results there as
-``NAME.{png,json}``, ``--name`` execution_curve by default). ``--before DIR`` reuses a finished
+``NAME.{png,json}``, ``--name`` execution_curve by default). ``OUT/start.json`` names the adapter
+the runs start from (None for a checkpoint start), repeated in ``results.json`` as ``start``
+(:func:`~sera_core.tiny.measure.bind_start`: a folder whose start was replaced since is refused). ``--before DIR`` reuses a finished
 "before" of the same start and tasks (another OUT's ``before/``, checked against its
 ``plan.json``) instead of measuring it again.
 
@@ -366,6 +368,9 @@ def main() -> None:
         measure = args.measure or chosen["runs"]["curve2"]["dev"]
         protocol = bind_protocol(out, args.protocol, measure)  # refused here, before any work, if it changed
         tasks = out / f"{measure}.jsonl"
+    from sera_core.tiny.measure import bind_start, read_start
+
+    start_record = read_start(out)
     if not args.report:
         if protocol:
             write_tasks(tasks, protocol_tasks(chosen, measure), f"{protocol['name']}/{measure} tasks")
@@ -374,6 +379,7 @@ def main() -> None:
             if len(val) < args.tasks:
                 raise SystemExit(f"--tasks {args.tasks}: the val split has {len(val)} easy tasks of these crafts")
             write_tasks(tasks, val[:args.tasks], "val tasks")
+        start_record = bind_start(out, f"vllm:{args.start}")  # refused before any run if the start changed
         train = easy_tasks("train", args.max_craft_steps) if args.max_craft_steps or args.select_every else []
         if args.max_craft_steps:
             write_tasks(out / "train_tasks.jsonl", train, "training tasks")
@@ -392,7 +398,8 @@ def main() -> None:
         for seed in args.seeds:
             run_seed(args, out, seed, tasks)
     results = collect(out, args.seeds, stops(args.updates, args.select_every) if args.select_every else []) | {
-        "args": vars(args), "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]), "protocol": protocol}
+        "args": vars(args), "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]), "protocol": protocol,
+        "start": start_record}
     table = report(results)
     (out / "table.md").write_text(table + "\n")
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")

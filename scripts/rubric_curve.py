@@ -18,7 +18,10 @@ ranking of the greedy scorer's belief in success (the second extension, docs/fid
 Every run resumes from its last update and measurement, so the script can be killed and
 started again at any point; ``--report`` only writes ``OUT/table.md``, ``OUT/results.json``
 and ``OUT/rubric_curve.png`` from what is done (``--figures DIR`` copies the figure and the
-results there as ``rubric_curve.png`` and ``rubric_curve.json``, which notebook 09 reads).
+results there as ``NAME.png`` and ``NAME.json``, ``--name`` rubric_curve by default, which
+notebook 09 reads). ``OUT/start.json`` names the adapter every run starts from, and
+``results.json`` repeats it as ``start`` (:func:`~sera_core.tiny.measure.bind_start`: a folder
+whose start was replaced since, by ``sera tiny ship``, is refused before any work).
 A run that is not in ``OUT`` (another machine's, a session ago) enters the table from the
 committed record, ``--keep`` (``figures/rubric_curve.json``), when that was made with the
 same settings.
@@ -150,6 +153,7 @@ def main() -> None:
     parser.add_argument("--out", default="runs/rubric_curve")
     parser.add_argument("--report", action="store_true", help="only write the table and figure from what is done")
     parser.add_argument("--figures", default=None, help="also copy the figure into this folder (e.g. figures)")
+    parser.add_argument("--name", default="rubric_curve", help="the file name (no suffix) of the copies in --figures")
     parser.add_argument("--keep", default="figures/rubric_curve.json",
                         help="an earlier results.json whose finished runs fill the table where OUT lacks them ('' for none)")
     parser.add_argument("--protocol", default=None, help="a frozen protocol (docs/protocol.md), e.g. learning")
@@ -165,6 +169,11 @@ def main() -> None:
         measure = args.measure or chosen["runs"]["curve1"]["dev"]
         protocol = bind_protocol(out, args.protocol, measure)  # refused here, before any work, if it changed
         heldout_ids = tuple(chosen["sets"][measure]["ids"])
+    from sera_core.tiny.measure import bind_start, read_start
+    from sera_core.train.config import load_config
+
+    # every run starts from the config's model (the shipped adapter): refused if it changed under OUT
+    start = read_start(out) if args.report else bind_start(out, f"vllm:{load_config(args.config).model}")
     if args.one:
         arm, seed = args.one[0], int(args.one[1])
         cfg = RubricStageConfig(arm=arm, seed=seed, updates=args.updates, points_per_update=args.points_per_update,
@@ -181,13 +190,13 @@ def main() -> None:
     table = report(results)
     (out / "table.md").write_text(table + "\n")
     record = {"args": vars(args), "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
-              "protocol": protocol, "overlap": overlap(out, heldout_ids, args.config), "results": results}
+              "protocol": protocol, "start": start, "overlap": overlap(out, heldout_ids, args.config), "results": results}
     (out / "results.json").write_text(json.dumps(record, indent=1) + "\n")
     if results:
         (out / "rubric_curve.png").write_bytes(render(curve1_figure(results)))
         if args.figures:  # the figure and the numbers behind it (notebook 09 reads them)
-            shutil.copy(out / "rubric_curve.png", Path(args.figures) / "rubric_curve.png")
-            shutil.copy(out / "results.json", Path(args.figures) / "rubric_curve.json")
+            shutil.copy(out / "rubric_curve.png", Path(args.figures) / f"{args.name}.png")
+            shutil.copy(out / "results.json", Path(args.figures) / f"{args.name}.json")
     print(table)
 
 

@@ -45,7 +45,12 @@ protocol's sets (``--points-set``, ``--eval-set``: by default its ablation dev s
 ``textcraft_easy_dev``; report on the test sets once the budget is chosen) instead of
 ``--points-tasks`` and ``--eval-tasks``: ``OUT/protocol.json`` binds the folder to them (a changed
 protocol or other sets are refused before any work), the protocol's hash joins the settings a kept
-record must match, and ``results.json`` records it with the command line. Over seeds the table gives
+record must match, and ``results.json`` records it with the command line. ``OUT/start.json`` names
+the adapter the arms train from (:func:`~sera_core.tiny.measure.bind_start`: a folder whose
+start was replaced since, by ``sera tiny ship``, is refused), ``results.json`` repeats it as
+``start``, and under a protocol its weights' sha256 joins the settings a kept record must match.
+``--figures DIR`` copies the figure and the table as ``NAME.png`` and ``NAME.md`` (``--name``,
+tiny_experiment by default). Over seeds the table gives
 mean ± the 95% Student's t half interval.
 
 ``--warm-start vllm:FOLDER --arms`` (no arm) measures another adapter (a rebuilt warm start)
@@ -99,7 +104,8 @@ def settings(args) -> dict:
     return {"updates": args.updates, "ratio": args.ratio, "difficulties": args.difficulties,
             "points_tasks": args.points_tasks, "eval_tasks": args.eval_tasks, "eval_levels": list(args.eval_levels),
             "eval_max_new_tokens": args.eval_max_new_tokens} | ({"warm_start": args.warm_start} if args.warm_start != SHIPPED else {}) \
-        | ({"protocol": [args.protocol_record["hash"], args.protocol_record["set"]]} if args.protocol_record else {})
+        | ({"protocol": [args.protocol_record["hash"], args.protocol_record["set"]],
+            "start": (args.start["adapter"] or {}).get("adapter_sha256")} if args.protocol_record else {})
 
 
 def kept(args, name: str) -> dict | None:
@@ -291,7 +297,7 @@ def unit(args, name: str, arm: str | None, seed: int) -> None:
     else:
         run = train(arm, seed, args)
         row = measure(f"vllm:{run}", f"{arm}_seed{seed}", seed, points, tasks, args, arm) | training_stats(run)
-    write_json(Path(args.keep) / f"{name}_seed{seed}.json", {"settings": settings(args), "seed": seed} | row)
+    write_json(Path(args.keep) / f"{name}_seed{seed}.json", {"settings": settings(args), "seed": seed, "start": args.start} | row)
 
 
 def isolated(fn, *fn_args) -> None:
@@ -360,6 +366,7 @@ def main() -> None:
     parser.add_argument("--keep", default="figures/tiny_experiment", help="folder of the finished models' records (committed)")
     parser.add_argument("--report", action="store_true", help="only write the table and figure from what is done")
     parser.add_argument("--figures", default=None, help="also copy the figure into this folder (e.g. figures)")
+    parser.add_argument("--name", default="tiny_experiment", help="the file name (no suffix) of the copies in --figures")
     parser.add_argument("--protocol", default=None, help="a frozen protocol (docs/protocol.md), e.g. learning")
     parser.add_argument("--points-set", default=None, help="--protocol's set of the held-out points' tasks (default: its ablation dev set)")
     parser.add_argument("--eval-set", default="textcraft_easy_dev", help="--protocol's set of evaluated tasks")
@@ -373,19 +380,23 @@ def main() -> None:
     if args.warm_start != SHIPPED and args.arms:
         parser.error("--warm-start measures another adapter only: pass --arms with no arm (the arms train from the shipped one)")
     out = Path(args.out)
+    from sera_core.tiny.measure import bind_start, read_start
+
+    # what the arms train from and the warm start measured is: refused if it was replaced under OUT
+    args.start = (read_start(out) if args.report else bind_start(out, args.warm_start)) or {"spec": None, "adapter": None}
     points, tasks = held_out(args)
     print(f"{len(points)} held-out points, {len(tasks)} eval tasks", flush=True)
     results = collect(args, run_missing=not args.report)
     table = report(results)
     write_json(out / "results.json", {"arms": {a: schedule(a, args.ratio) or "execution:1" for a in ARMS},
                                       "settings": settings(args), "seeds": args.seeds, "points": len(points),
-                                      "eval_tasks": len(tasks), "protocol": args.protocol_record,
+                                      "eval_tasks": len(tasks), "protocol": args.protocol_record, "start": args.start,
                                       "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]), "results": results})
     (out / "table.md").write_text(table + "\n")
     figure(results, out / "tiny_experiment.png")
     if args.figures:
-        shutil.copy(out / "tiny_experiment.png", Path(args.figures) / "tiny_experiment.png")
-        shutil.copy(out / "table.md", Path(args.figures) / "tiny_experiment.md")
+        shutil.copy(out / "tiny_experiment.png", Path(args.figures) / f"{args.name}.png")
+        shutil.copy(out / "table.md", Path(args.figures) / f"{args.name}.md")
     print(table)
 
 

@@ -67,3 +67,48 @@ def test_an_interval_is_read_against_its_null_in_words():
     assert interval_reading([0.72, 0.69, 0.765], null=0.5).endswith("the interval lies above +0.500")
     assert interval_reading([-0.3, -0.31, -0.29]).endswith("lies below +0.000")
     assert interval_reading([0.1]) == "+0.100 from 1 seed: no interval over seeds"
+
+
+def test_a_test_runs_file_replaces_the_dev_rows_and_says_its_set_role_and_start(tmp_path):
+    """Where the test runs have written their files (``TEST_FILES``, what docs/protocol.md's test
+    commands write), the table reads those instead of the dev-era ones, and each row names the
+    set and role from the file's protocol record and the adapter its runs started from."""
+    import shutil
+
+    from sera_core.report.learning import TEST_FILES, start_words
+
+    figures = tmp_path / "figures"
+    shutil.copytree(FIGURES / "tiny_experiment", figures / "tiny_experiment")
+    for name in ("rubric_curve.json", "rubric_curve_label.json", "execution_curve_select.json"):
+        shutil.copy(FIGURES / name, figures / name)
+    dev = learning_rows(figures)
+    assert [r["source"] for r in dev] == [(figures / n).as_posix() for n in ("rubric_curve.json", "rubric_curve_label.json",
+                                                                            "execution_curve_select.json")] + \
+        [(figures / "tiny_experiment").as_posix() + "/"] * 3
+    assert all("dev: before the protocol" in r["set"] and r["from"] == "not recorded" for r in dev)
+
+    adapter = {"recipe_hash": "aee274e1fd1673ee", "adapter_sha256": "c0ffee" + "0" * 58, "base": {}}
+    start = {"spec": "vllm:tiny", "adapter": adapter}
+    curve1 = {"protocol": {"name": "learning", "set": "points_test", "role": "test"}, "start": start, "results": {
+        arm: [{"seed": s, "heldout": [{"points": 30, "pairwise_accuracy": 0.5}, {"points": 30, "pairwise_accuracy": end}]}
+              for s, end in enumerate(ends)]
+        for arm, ends in (("rubric_scorer", (0.6, 0.7, 0.65)), ("rubric_scorer_label", (0.7, 0.8, 0.75)))}}
+    (figures / TEST_FILES["curve1"]).write_text(json.dumps(curve1))
+    change = {"before": {"rate": 0.5}, "after": {"rate": 0.6}, "difference": {"rate": 0.1}}
+    (figures / TEST_FILES["curve2"]).write_text(json.dumps({
+        "tasks": 47, "protocol": {"name": "learning", "set": "textcraft_easy_test", "role": "test"}, "start": start,
+        "runs": [{"seed": s, "change": change} for s in range(5)]}))
+    (figures / TEST_FILES["ablation"]).mkdir()
+    settings = {"protocol": ["h", "points_test+textcraft_easy_test"], "start": adapter["adapter_sha256"]}
+    for arm in ("sera", "sera_wo_rt"):
+        (figures / TEST_FILES["ablation"] / f"{arm}_seed0.json").write_text(json.dumps(
+            {"settings": settings, "seed": 0, "start": start, "points": {"pairwise_accuracy": 0.55}, "root_success": 0.4}))
+    rows = learning_rows(figures)
+    assert [r["arm"].split(" ")[0] for r in rows] == ["SERA's", "the", "SERA's", "SERA", "SERA"]  # RAO: no test run
+    assert rows[0]["set"] == "30 held-out points (`points_test`, test)" and rows[0]["end"].startswith("0.650 [")
+    assert rows[1]["end"].startswith("0.750 [") and rows[1]["source"] == (figures / TEST_FILES["curve1"]).as_posix()
+    assert rows[2]["set"] == "47 easy val tasks (`textcraft_easy_test`, test)" and rows[2]["change"] == "+0.100"
+    assert rows[3]["set"] == "(`points_test+textcraft_easy_test`, test)" and rows[3]["seeds"] == 1
+    assert {r["from"] for r in rows} == {start_words(start)} == {"recipe `aee274e1fd1673ee`, weights `c0ffee00`"}
+    assert start_words({"spec": "runs/x/checkpoint", "adapter": None}) == "`runs/x/checkpoint`"
+    assert "| from adapter |" in learning_table(rows)

@@ -271,3 +271,29 @@ def test_the_manifest_results_table_reads_both_shapes_a_manifest_holds():
                          "scorer_points": points | {"role": "test"}, "note": "how"})
     assert new["textcraft_easy_test"]["role"] == "test" and new["textcraft_easy_test"]["success easy"] == 0.5
     assert new["scorer_points"] == {"role": "test", "points": 34, "greedy pairwise accuracy": 0.62, "ranking loss": 0.15}
+
+
+def test_an_experiment_folder_is_bound_to_the_adapter_its_runs_start_from(tmp_path):
+    """``bind_start`` (the learning scripts' ``OUT/start.json``): the first call records the
+    adapter a spec plays (the sha256 of its weights file, its recipe), a later call with the same
+    weights reads it back, and one after the weights changed (an adapter shipped in its place) is
+    refused before any work, naming both; a folder from before it has no start."""
+    import shutil
+
+    from sera_core.policy.models import EMBEDDED
+    from sera_core.tiny.measure import bind_start, read_start
+
+    adapter = tmp_path / "adapter"
+    shutil.copytree(EMBEDDED, adapter, ignore=shutil.ignore_patterns("*.tmp"))
+    weights = adapter / "adapter_model.safetensors"
+    out = tmp_path / "curve"
+    assert read_start(out) is None
+    first = bind_start(out, f"vllm:{adapter}")
+    assert first["adapter"]["adapter_sha256"] == hashlib.sha256(weights.read_bytes()).hexdigest()
+    assert read_start(out) == first and bind_start(out, f"vllm:{adapter}") == first
+    measured = weights.read_bytes()
+    weights.write_bytes(measured[:-1] + bytes([measured[-1] ^ 1]))
+    with pytest.raises(UserInputError, match=f"started from vllm:{adapter}, adapter {first['adapter']['adapter_sha256'][:12]}"):
+        bind_start(out, f"vllm:{adapter}")
+    assert read_start(out) == first  # the record is kept as it was
+    assert bind_start(tmp_path / "scripted", "expert")["adapter"] is None  # no adapter: nothing to change

@@ -17,7 +17,8 @@ SCRIPT = runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "t
 def args_for(tmp_path: Path, **overrides) -> argparse.Namespace:
     values = {"seeds": [0, 1, 2], "arms": ["sera", "sera_wo_rt"], "updates": 4, "ratio": "2:1:1", "difficulties": ["easy"],
               "before_seeds": [0], "points_tasks": 24, "eval_tasks": 50, "eval_levels": ["easy"], "eval_max_new_tokens": 256,
-              "out": str(tmp_path / "runs"), "keep": str(tmp_path / "keep"), "warm_start": "tiny", "protocol_record": None}
+              "out": str(tmp_path / "runs"), "keep": str(tmp_path / "keep"), "warm_start": "tiny", "protocol_record": None,
+              "start": {"spec": "tiny", "adapter": {"adapter_sha256": "a" * 64, "recipe_hash": "r", "base": {}}}}
     return argparse.Namespace(**(values | overrides))
 
 
@@ -100,6 +101,10 @@ def test_a_protocol_binds_the_folder_and_joins_the_settings_a_kept_record_must_m
     assert bound["set"] == "points_dev+textcraft_easy_dev" and bound["role"] == "dev+dev" and bound["tasks"] == 74
     under = args_for(tmp_path, protocol_record=bound)
     assert SCRIPT["settings"](under)["protocol"] == [bound["hash"], bound["set"]]
+    assert SCRIPT["settings"](under)["start"] == "a" * 64  # a record from another adapter is not reused
+    other = args_for(tmp_path, protocol_record=bound, start={"spec": "tiny", "adapter": {"adapter_sha256": "b" * 64}})
+    assert SCRIPT["settings"](other) != SCRIPT["settings"](under)
+    assert "start" not in SCRIPT["settings"](args_for(tmp_path))  # the records kept before the protocol stay valid
     Path(under.keep).mkdir()
     (Path(under.keep) / "before_seed0.json").write_text(json.dumps(record(args_for(tmp_path), 0, 0.5, 0.3)))
     with pytest.raises(SystemExit, match="pass the same settings"):

@@ -7,9 +7,12 @@ the held-out measure at the start and at the end, and the change, over seeds, as
 typed by hand: ``python -m sera_core.report.learning --write`` rewrites the README's block between
 :data:`BEGIN` and :data:`END`, and a test checks that the committed README holds what the files give.
 
-Which set each row was measured on is named with its role under the ``learning`` protocol
-(docs/protocol.md): every result so far was measured on the sets that chose the recipes, so they
-are dev results; test results come once per frozen recipe.
+Which set each row was measured on is named with its role, read from the protocol record its
+file carries (``learning``, docs/protocol.md); a file from before the protocols was measured on
+the sets that chose the recipes, so its rows are dev. Where a test run's file exists
+(:data:`TEST_FILES`: what docs/protocol.md's test commands write), its rows replace the dev ones:
+the table is one row per arm on test once the test runs are done. The ``start`` column names the
+adapter the runs started from, as the file records it (:func:`~sera_core.tiny.measure.bind_start`).
 """
 
 from __future__ import annotations
@@ -54,24 +57,57 @@ def interval_reading(values: list[float], null: float = 0.0) -> str:
     return f"{head}: the interval holds {null:+.3f}, so these seeds show no direction"
 
 
+TEST_FILES = {"curve1": "rubric_curve_test.json", "curve2": "execution_curve_test.json", "ablation": "ablation_test"}
+"""The files and folder under ``figures/`` that the test runs write (docs/protocol.md, ``learning``)."""
+
+
+def _source(path: Path) -> str:
+    """A file's link in the table: relative to the repository where it lies in it."""
+    return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.as_posix()
+
+
+def _role(protocol: dict | None, fallback: str) -> str:
+    """``(`set`, role)`` from a file's protocol record; ``(fallback, dev)`` for a file made before it."""
+    if not protocol:
+        return f"({fallback}, dev: before the protocol)"
+    return f"(`{protocol['set']}`, {protocol['role']})"
+
+
+def start_words(start: dict | None) -> str:
+    """The adapter a file's runs started from, as :func:`~sera_core.tiny.measure.bind_start`
+    recorded it: its recipe and the head of its weights' sha256, the spec where it is no adapter
+    (a checkpoint), or "not recorded" for runs made before starts were recorded."""
+    if not start:
+        return "not recorded"
+    adapter = start.get("adapter")
+    if not adapter:
+        return f"`{start.get('spec')}`"
+    return f"recipe `{adapter['recipe_hash']}`, weights `{adapter['adapter_sha256'][:8]}`"
+
+
 def _curve1(path: Path, arm: str, label: str) -> dict[str, Any]:
-    runs = json.loads(path.read_text())["results"][arm]
+    record = json.loads(path.read_text())
+    runs = record["results"][arm]
     start = [r["heldout"][0]["pairwise_accuracy"] for r in runs]
     end = [r["heldout"][-1]["pairwise_accuracy"] for r in runs]
-    return {"curve": "1", "arm": label, "set": "34 held-out points (`points_dev`)", "seeds": len(runs),
+    points = int(runs[0]["heldout"][0]["points"])
+    return {"curve": "1", "arm": label, "set": f"{points} held-out points {_role(record.get('protocol'), 'the curve-1 points')}",
+            "seeds": len(runs), "from": start_words(record.get("start")),
             "measure": "greedy pairwise accuracy", "start": _interval(start), "end": _interval(end),
             "change": _interval([b - a for a, b in zip(start, end, strict=True)], signed=True),
-            "source": path.relative_to(ROOT).as_posix()}
+            "source": _source(path)}
 
 
 def _curve2(path: Path, label: str) -> dict[str, Any]:
     record = json.loads(path.read_text())
     changes = [r["change"] for r in record["runs"]]
-    return {"curve": "2", "arm": label, "set": f"{record['tasks']} easy val tasks (`textcraft_easy_dev`)",
-            "seeds": len(changes), "measure": "root success, T=0", "start": _interval([c["before"]["rate"] for c in changes]),
+    return {"curve": "2", "arm": label,
+            "set": f"{record['tasks']} easy val tasks {_role(record.get('protocol'), 'the first 50')}",
+            "seeds": len(changes), "from": start_words(record.get("start")),
+            "measure": "root success, T=0", "start": _interval([c["before"]["rate"] for c in changes]),
             "end": _interval([c["after"]["rate"] for c in changes]),
             "change": _interval([c["difference"]["rate"] for c in changes], signed=True),
-            "source": path.relative_to(ROOT).as_posix()}
+            "source": _source(path)}
 
 
 def _ablation(folder: Path) -> list[dict[str, Any]]:
@@ -84,29 +120,39 @@ def _ablation(folder: Path) -> list[dict[str, Any]]:
             continue
         start = (f"{fmean(r['points']['pairwise_accuracy'] for r in before):.3f} / "
                  f"{fmean(r['root_success'] for r in before):.0%}") if before else "-"
-        rows.append({"curve": "ablation", "arm": label, "set": "34 points / 50 easy val tasks (dev)", "seeds": len(runs),
+        protocol = runs[0]["settings"].get("protocol")  # [hash, "points set+eval set"] under a protocol
+        measured = (f"(`{protocol[1]}`, {'test' if 'test' in protocol[1] else 'dev'})" if protocol
+                    else "34 points / 50 easy val tasks (dev: before the protocol)")
+        rows.append({"curve": "ablation", "arm": label, "set": measured, "seeds": len(runs),
+                     "from": start_words(runs[0].get("start")),
                      "measure": "pairwise accuracy / root success", "start": start,
                      "end": f"{_interval([r['points']['pairwise_accuracy'] for r in runs])} / "
                             f"{_interval([r['root_success'] for r in runs])}",
-                     "change": "-", "source": folder.relative_to(ROOT).as_posix() + "/"})
+                     "change": "-", "source": _source(folder) + "/"})
     return rows
 
 
 def learning_rows(figures: Path = FIGURES) -> list[dict[str, Any]]:
-    """One row per arm, from the committed results in ``figures`` (module docstring)."""
-    return [_curve1(figures / "rubric_curve.json", "rubric_scorer", "SERA's own ranking credit (writer + scorer)"),
-            _curve1(figures / "rubric_curve_label.json", "rubric_scorer_label",
+    """One row per arm, from the committed results in ``figures``: a test run's file where it
+    exists (:data:`TEST_FILES`), else the dev-era file of that curve (module docstring)."""
+    curve1 = figures / TEST_FILES["curve1"]
+    curve2 = figures / TEST_FILES["curve2"]
+    ablation = figures / TEST_FILES["ablation"]
+    return [_curve1(curve1 if curve1.exists() else figures / "rubric_curve.json", "rubric_scorer",
+                    "SERA's own ranking credit (writer + scorer)"),
+            _curve1(curve1 if curve1.exists() else figures / "rubric_curve_label.json", "rubric_scorer_label",
                     "the label extension (the scorer's gate toward the judge's label)"),
-            _curve2(figures / "execution_curve_select.json", "SERA's execution stage, best held-in checkpoint kept"),
-            *_ablation(figures / "tiny_experiment")]
+            _curve2(curve2 if curve2.exists() else figures / "execution_curve_select.json",
+                    "SERA's execution stage, best held-in checkpoint kept"),
+            *_ablation(ablation if any(ablation.glob("*.json")) else figures / "tiny_experiment")]
 
 
 def learning_table(rows: list[dict[str, Any]]) -> str:
     """The rows as the README's markdown table."""
-    lines = ["| curve | arm | measured on (role) | seeds | measure | start | end | change |",
-             "|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['curve']} | {r['arm']} ([data]({r['source']})) | {r['set']} | {r['seeds']} | {r['measure']} | "
-              f"{r['start']} | {r['end']} | {r['change']} |" for r in rows]
+    lines = ["| curve | arm | measured on (set, role) | seeds | from adapter | measure | start | end | change |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['curve']} | {r['arm']} ([data]({r['source']})) | {r['set']} | {r['seeds']} | {r['from']} | "
+              f"{r['measure']} | {r['start']} | {r['end']} | {r['change']} |" for r in rows]
     return "\n".join(lines)
 
 

@@ -327,6 +327,32 @@ def measured_adapter(spec: str) -> dict | None:
     return adapter_identity(model_folder(spec.partition(":")[2] or spec))
 
 
+def bind_start(out: str | os.PathLike, spec: str) -> dict[str, Any]:
+    """The start of an experiment folder's runs: ``{"spec", "adapter"}``, the adapter ``spec``
+    plays (:func:`measured_adapter`; None for a checkpoint or a plain model), kept in
+    ``out/start.json`` by the first call. A later call whose ``spec`` names other weights (the
+    shipped adapter replaced since, by ``sera tiny ship``) is refused before any work, naming
+    both, so that one folder never holds runs from two starts and its results can say which
+    adapter they started from (issue 60: "say which")."""
+    record = {"spec": spec, "adapter": measured_adapter(spec)}
+    path = Path(out) / "start.json"
+    if path.exists():
+        old = json.loads(path.read_text())
+        if old["adapter"] != record["adapter"]:
+            raise UserInputError(f"{out}: its runs started from {old['spec']}, {adapter_words(old['adapter'])}; {spec} "
+                                 f"names {adapter_words(record['adapter'])} now: use another folder")
+        return old
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, (json.dumps(record, indent=1) + "\n").encode())
+    return record
+
+
+def read_start(out: str | os.PathLike) -> dict[str, Any] | None:
+    """The start :func:`bind_start` recorded in ``out``, or None where none was (runs made before it)."""
+    path = Path(out) / "start.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def adapter_words(adapter: dict | None) -> str:
     """An adapter identity (:func:`measured_adapter`) in a few words, for messages and tables."""
     return "no adapter" if adapter is None else f"adapter {adapter['adapter_sha256'][:12]} (recipe {adapter['recipe_hash']})"
