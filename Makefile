@@ -97,14 +97,14 @@ background: tiny-epoch  ## The long CPU pipeline, each step resumable (rerun it 
 	$(MAKE) learning-dev
 
 # One thread per process, two processes on the 2 cores: vLLM's decode gains 1.6x from a second thread
-# (docs/embedded.md, Generation speed), two processes 2x. Each writes its own log (tqdm lines would interleave).
+# (docs/embedded.md, Generation speed), two processes 2x. Each appends to its own log (tqdm lines would interleave; a resume keeps why the last run stopped).
 warmstart-shipped: setup
 	mkdir -p runs/warmstart
-	OMP_NUM_THREADS=1 $(BIN)/sera tiny measure --protocol warmstart --save runs/warmstart/shipped > runs/warmstart/shipped.log 2>&1
+	OMP_NUM_THREADS=1 $(BIN)/sera tiny measure --protocol warmstart --save runs/warmstart/shipped >> runs/warmstart/shipped.log 2>&1
 
 warmstart-epoch: setup
 	mkdir -p runs/warmstart
-	OMP_NUM_THREADS=1 $(BIN)/sera tiny measure --protocol warmstart --epoch --save runs/warmstart/epoch > runs/warmstart/epoch.log 2>&1
+	OMP_NUM_THREADS=1 $(BIN)/sera tiny measure --protocol warmstart --epoch --save runs/warmstart/epoch >> runs/warmstart/epoch.log 2>&1
 
 learning-dev: setup  ## The learning protocol's dev runs on the shipped adapter (docs/protocol.md), two at a time, one core each: curve 1 on points_dev, curve 2 on textcraft_easy_dev, the ablation's budget on points_dev; they choose what the test runs then report once
 	$(MAKE) -j2 learning-dev-curve1 learning-dev-curve2 learning-dev-ablation
@@ -112,12 +112,12 @@ learning-dev: setup  ## The learning protocol's dev runs on the shipped adapter 
 learning-dev-curve1: setup
 	mkdir -p runs/learning
 	OMP_NUM_THREADS=1 $(BIN)/python scripts/rubric_curve.py --protocol learning --measure points_dev \
-	  --arms rubric_scorer rubric_scorer_label --seeds 0 1 2 --out runs/learning/curve1_dev --keep '' > runs/learning/curve1_dev.log 2>&1
+	  --arms rubric_scorer rubric_scorer_label --seeds 0 1 2 --out runs/learning/curve1_dev --keep '' >> runs/learning/curve1_dev.log 2>&1
 
 learning-dev-curve2: setup
 	mkdir -p runs/learning
 	OMP_NUM_THREADS=1 $(BIN)/python scripts/execution_curve.py --protocol learning --measure textcraft_easy_dev \
-	  --seeds 0 1 2 3 4 --out runs/learning/curve2_dev > runs/learning/curve2_dev.log 2>&1
+	  --seeds 0 1 2 3 4 --out runs/learning/curve2_dev >> runs/learning/curve2_dev.log 2>&1
 
 # The ablation's first candidate budget (the one the README's ablation ran: 4 updates, SERA's fourth the rubric
 # stage), on dev: the test run takes it if the rubric stage trains tokens on every seed here (docs/protocol.md)
@@ -126,7 +126,7 @@ learning-dev-ablation: setup
 	mkdir -p runs/learning
 	OMP_NUM_THREADS=1 $(BIN)/python scripts/tiny_experiment.py --protocol learning --points-set points_dev \
 	  --eval-set textcraft_easy_dev $(ABLATION) --arms sera sera_wo_rt --seeds 0 1 --before-seeds 0 \
-	  --out runs/learning/ablation_dev --keep runs/learning/ablation_dev/kept > runs/learning/ablation_dev.log 2>&1
+	  --out runs/learning/ablation_dev --keep runs/learning/ablation_dev/kept >> runs/learning/ablation_dev.log 2>&1
 
 clean:  ## Remove run outputs (keeps .venv)
 	rm -rf runs .pytest_cache

@@ -65,7 +65,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--set", default="textcraft_easy_dev", help="a set of the warmstart protocol (a dev set: timing a test set touches it)")
     parser.add_argument("--tasks", type=int, default=32)
-    parser.add_argument("--kv", type=float, nargs="+", default=[2.0, 5.0], help="KV cache sizes in GiB, one process each")
+    parser.add_argument("--kv", type=float, nargs="+", default=[2.0, 6.0], help="KV cache sizes in GiB, one process each")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # one size, in a child process
     parser.add_argument("--out", default="runs/bench/measure")
     args = parser.parse_args()

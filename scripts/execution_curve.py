@@ -189,15 +189,23 @@ def run_seed(args, out: Path, seed: int, tasks: Path) -> None:
                  "--resume", "--label", f"val curve, seed {seed}, update {version}")
 
 
-def reuse_before(source: Path, out: Path, policy: str, tasks: Path) -> None:
+def reuse_before(source: Path, out: Path, policy: str, tasks: Path, start: dict) -> None:
     """Copy a finished evaluation ``source`` into ``out/before`` after checking that it is the one
     this script would run: the plan ``sera eval`` writes for ``policy`` on the tasks of ``tasks``
-    with the contract's settings, compared by the evaluator's own plan check (any label)."""
+    with the contract's settings, compared by the evaluator's own plan check (any label), from
+    the same start (``start``, this folder's :func:`~sera_core.tiny.measure.bind_start` record,
+    against the one beside ``source``: the same policy spec may name other weights after a ship)."""
     from sera_core.eval.evaluator import EvalConfig, EvalError, eval_plan, plan_differences, read_plan
+    from sera_core.tiny.measure import adapter_words, read_start, same_start
     from sera_core.utils.jsonio import read_jsonl
 
     if not (source / "summary.json").exists():
         raise SystemExit(f"--before {source} is unfinished (no summary.json)")
+    theirs = read_start(source.parent)
+    if not same_start(theirs, start):
+        raise SystemExit(f"--before {source} was measured from "
+                         f"{'an unrecorded start' if theirs is None else adapter_words(theirs['adapter'])}, "
+                         f"not this folder's {adapter_words(start['adapter'])} ({start['spec']})")
     try:
         old = read_plan(source)
         cfg = EvalConfig("textcraft", policy=policy, label=old["label"])
@@ -385,7 +393,7 @@ def main() -> None:
             write_tasks(out / "train_tasks.jsonl", train, "training tasks")
         start = f"vllm:{args.start}"
         if args.before and not (out / "before").exists():
-            reuse_before(Path(args.before), out, start, tasks)
+            reuse_before(Path(args.before), out, start, tasks, start_record)
         if not (out / "before" / "summary.json").exists():
             sera("eval", "--tasks", str(tasks), "--policy", start, "--out", str(out / "before"), "--resume",
                  "--label", f"execution curve, before ({args.start})")

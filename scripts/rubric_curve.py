@@ -69,14 +69,21 @@ SETTINGS = ("updates", "points_per_update", "eval_every", "score_calls", "lr", "
 """The arguments a kept run must share with this invocation to enter its table."""
 
 
-def kept_runs(path: Path, args: argparse.Namespace, protocol: dict | None = None) -> dict[tuple[str, int], dict]:
+def kept_runs(path: Path, args: argparse.Namespace, protocol: dict | None = None,
+              start: dict | None = None) -> dict[tuple[str, int], dict]:
     """The finished runs recorded in an earlier ``results.json`` (``--keep``), by (arm, seed):
     ``runs/`` does not outlive a machine, the committed record does. Raises ``SystemExit``
-    when the record was made with other settings (the table would mix budgets) or under
-    another protocol (``protocol``: this run's :func:`~sera_core.eval.protocol.bind_protocol` record)."""
+    when the record was made with other settings (the table would mix budgets), under
+    another protocol (``protocol``: this run's :func:`~sera_core.eval.protocol.bind_protocol` record)
+    or from another start (``start``: this folder's :func:`~sera_core.tiny.measure.bind_start`
+    record; None on both sides for runs made before starts were recorded)."""
+    from sera_core.tiny.measure import same_start
+
     if not path.exists():
         return {}
     record = json.loads(path.read_text())
+    if not same_start(record.get("start"), start):
+        raise SystemExit(f"{path} holds runs from the start {record.get('start')}, not {start}: another --keep")
     theirs, ours = ({k: a.get(k) for k in SETTINGS} for a in (record["args"], vars(args)))
     if theirs != ours:
         raise SystemExit(f"{path} was made with {theirs}, not {ours}: pass the same settings, or another --keep")
@@ -186,7 +193,7 @@ def main() -> None:
             for seed in args.seeds:  # each run in its own process: its engine's memory goes with it
                 print(f"[{time.strftime('%H:%M:%S')}] {arm} seed {seed}", flush=True)
                 subprocess.run([sys.executable, __file__, *sys.argv[1:], "--one", arm, str(seed)], check=True)
-    results = collect(out, args.arms, args.seeds, args.updates, kept_runs(Path(args.keep), args, protocol) if args.keep else {})
+    results = collect(out, args.arms, args.seeds, args.updates, kept_runs(Path(args.keep), args, protocol, start) if args.keep else {})
     table = report(results)
     (out / "table.md").write_text(table + "\n")
     record = {"args": vars(args), "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),

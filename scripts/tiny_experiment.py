@@ -100,11 +100,12 @@ def schedule(arm: str, ratio: str) -> str | None:
 
 def settings(args) -> dict:
     """What a kept record must match to be reused: the training budget, the held-out sets and,
-    when it is not the shipped adapter, the measured warm start."""
+    when it is not the shipped adapter, the measured warm start; under a protocol also its hash,
+    sets and roles, and the sha256 of the start's adapter weights (``args.start``)."""
     return {"updates": args.updates, "ratio": args.ratio, "difficulties": args.difficulties,
             "points_tasks": args.points_tasks, "eval_tasks": args.eval_tasks, "eval_levels": list(args.eval_levels),
             "eval_max_new_tokens": args.eval_max_new_tokens} | ({"warm_start": args.warm_start} if args.warm_start != SHIPPED else {}) \
-        | ({"protocol": [args.protocol_record["hash"], args.protocol_record["set"]],
+        | ({"protocol": [args.protocol_record["hash"], args.protocol_record["set"], args.protocol_record["role"]],
             "start": (args.start["adapter"] or {}).get("adapter_sha256")} if args.protocol_record else {})
 
 
@@ -380,10 +381,12 @@ def main() -> None:
     if args.warm_start != SHIPPED and args.arms:
         parser.error("--warm-start measures another adapter only: pass --arms with no arm (the arms train from the shipped one)")
     out = Path(args.out)
-    from sera_core.tiny.measure import bind_start, read_start
+    from sera_core.tiny.measure import bind_start, measured_adapter, read_start
 
     # what the arms train from and the warm start measured is: refused if it was replaced under OUT
-    args.start = (read_start(out) if args.report else bind_start(out, args.warm_start)) or {"spec": None, "adapter": None}
+    # a report on a machine without OUT/start.json (only --keep committed) reads the start the spec names now
+    args.start = (read_start(out) or {"spec": args.warm_start, "adapter": measured_adapter(args.warm_start)}) \
+        if args.report else bind_start(out, args.warm_start)
     points, tasks = held_out(args)
     print(f"{len(points)} held-out points, {len(tasks)} eval tasks", flush=True)
     results = collect(args, run_missing=not args.report)

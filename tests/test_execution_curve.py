@@ -88,13 +88,22 @@ def test_a_before_of_the_same_start_tasks_and_settings_is_reused_and_any_other_i
         write_eval(tmp_path / name, [True, False, True][:len(plan["tasks"])])
         (tmp_path / name / "plan.json").write_text(json.dumps(plan))
     (tmp_path / "unfinished" / "summary.json").unlink()
+    start = {"spec": "vllm:runs/start", "adapter": {"adapter_sha256": "a" * 64, "recipe_hash": "r", "base": {}}}
+    (tmp_path / "start.json").write_text(json.dumps(start))  # beside the sources: their OUT's start (bind_start)
     for name, words in [("other_policy", "other policy"), ("other_tasks", "other tasks"), ("other_steps", "other config"),
                         ("unfinished", "unfinished")]:
         with pytest.raises(SystemExit, match=words):
-            SCRIPT["reuse_before"](tmp_path / name, tmp_path / name / "out", "vllm:runs/start", tasks)
+            SCRIPT["reuse_before"](tmp_path / name, tmp_path / name / "out", "vllm:runs/start", tasks, start)
         assert not (tmp_path / name / "out" / "before").exists()
     (tmp_path / "out").mkdir()
-    SCRIPT["reuse_before"](tmp_path / "good", tmp_path / "out", "vllm:runs/start", tasks)
+    shipped_since = start | {"adapter": start["adapter"] | {"adapter_sha256": "b" * 64}}  # same spec, other weights
+    with pytest.raises(SystemExit, match="measured from adapter aaaaaaaaaaaa .*not this folder's adapter bbbbbbbbbbbb"):
+        SCRIPT["reuse_before"](tmp_path / "good", tmp_path / "out", "vllm:runs/start", tasks, shipped_since)
+    (tmp_path / "start.json").unlink()
+    with pytest.raises(SystemExit, match="measured from an unrecorded start"):
+        SCRIPT["reuse_before"](tmp_path / "good", tmp_path / "out", "vllm:runs/start", tasks, start)
+    (tmp_path / "start.json").write_text(json.dumps(start))
+    SCRIPT["reuse_before"](tmp_path / "good", tmp_path / "out", "vllm:runs/start", tasks, start)
     assert SCRIPT["collect"](tmp_path / "out", [0]) == {"tasks": 3, "runs": []}
 
 

@@ -99,16 +99,22 @@ def test_a_test_runs_file_replaces_the_dev_rows_and_says_its_set_role_and_start(
         "tasks": 47, "protocol": {"name": "learning", "set": "textcraft_easy_test", "role": "test"}, "start": start,
         "runs": [{"seed": s, "change": change} for s in range(5)]}))
     (figures / TEST_FILES["ablation"]).mkdir()
-    settings = {"protocol": ["h", "points_test+textcraft_easy_test"], "start": adapter["adapter_sha256"]}
+    settings = {"protocol": ["h", "points_test+textcraft_easy_test", "test+test"], "start": adapter["adapter_sha256"]}
+    (figures / TEST_FILES["ablation"] / "before_seed0.json").write_text(json.dumps(
+        {"settings": settings, "seed": 0, "start": start, "points": {"points": 30, "pairwise_accuracy": 0.5},
+         "root_success": 0.4, "eval_tasks": 47}))
+    assert learning_rows(figures)[3:] == dev[3:]  # a test run with only its warm start measured: the dev rows stay
     for arm in ("sera", "sera_wo_rt"):
         (figures / TEST_FILES["ablation"] / f"{arm}_seed0.json").write_text(json.dumps(
-            {"settings": settings, "seed": 0, "start": start, "points": {"pairwise_accuracy": 0.55}, "root_success": 0.4}))
+            {"settings": settings, "seed": 0, "start": start, "points": {"points": 30, "pairwise_accuracy": 0.55},
+             "root_success": 0.4, "eval_tasks": 47}))
     rows = learning_rows(figures)
-    assert [r["arm"].split(" ")[0] for r in rows] == ["SERA's", "the", "SERA's", "SERA", "SERA"]  # RAO: no test run
+    assert [r["arm"] for r in rows[2:]] == ["SERA's execution stage, best held-in checkpoint kept", "SERA",
+                                            "SERA w/o RT"]  # RAO: no test run
     assert rows[0]["set"] == "30 held-out points (`points_test`, test)" and rows[0]["end"].startswith("0.650 [")
     assert rows[1]["end"].startswith("0.750 [") and rows[1]["source"] == (figures / TEST_FILES["curve1"]).as_posix()
     assert rows[2]["set"] == "47 easy val tasks (`textcraft_easy_test`, test)" and rows[2]["change"] == "+0.100"
-    assert rows[3]["set"] == "(`points_test+textcraft_easy_test`, test)" and rows[3]["seeds"] == 1
+    assert rows[3]["set"] == "30 points / 47 tasks (`points_test+textcraft_easy_test`, test+test)" and rows[3]["seeds"] == 1
     assert {r["from"] for r in rows} == {start_words(start)} == {"recipe `aee274e1fd1673ee`, weights `c0ffee00`"}
     assert start_words({"spec": "runs/x/checkpoint", "adapter": None}) == "`runs/x/checkpoint`"
     assert "| from adapter |" in learning_table(rows)

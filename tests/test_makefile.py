@@ -19,7 +19,7 @@ def _targets() -> dict[str, list[str]]:
     targets: dict[str, list[str]] = {}
     current = None
     for line in MAKEFILE.read_text().replace("\\\n", " ").splitlines():
-        if m := re.match(r"^([a-z][a-z-]*):", line):
+        if m := re.match(r"^([a-z][a-z0-9-]*):", line):
             current = targets.setdefault(m.group(1), [])
         elif line.startswith("\t") and current is not None:
             current.append(line.strip())
@@ -30,7 +30,7 @@ def _command(line: str) -> str:
     """A recipe line without its leading ``NAME=value`` settings and its trailing redirections
     (``OMP_NUM_THREADS=1 $(BIN)/sera ... > log 2>&1`` is the ``sera`` command it runs)."""
     line = re.sub(r"^(?:[A-Z_]+=\S*\s+)+", "", line)
-    return re.sub(r"\s+(?:\d?>&?\s*\S+\s*)+$", "", line)
+    return re.sub(r"\s+(?:\d?>>?&?\s*\S+\s*)+$", "", line)
 
 
 SERA_LINES = [(name, _command(line)) for name, lines in _targets().items() for line in lines
@@ -39,6 +39,8 @@ SERA_LINES = [(name, _command(line)) for name, lines in _targets().items() for l
 
 def test_recipe_lines_are_read_as_the_commands_they_run():
     assert _command("OMP_NUM_THREADS=1 $(BIN)/sera tiny measure --save runs/x > runs/x.log 2>&1") == \
+        "$(BIN)/sera tiny measure --save runs/x"
+    assert _command("OMP_NUM_THREADS=1 $(BIN)/sera tiny measure --save runs/x >> runs/x.log 2>&1") == \
         "$(BIN)/sera tiny measure --save runs/x"
     assert _command("$(BIN)/sera tables --out figures") == "$(BIN)/sera tables --out figures"
     assert any(t == "warmstart-epoch" and "--epoch" in line for t, line in SERA_LINES)  # a one-core measure is checked too

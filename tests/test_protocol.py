@@ -296,4 +296,6 @@ def test_an_experiment_folder_is_bound_to_the_adapter_its_runs_start_from(tmp_pa
     with pytest.raises(UserInputError, match=f"started from vllm:{adapter}, adapter {first['adapter']['adapter_sha256'][:12]}"):
         bind_start(out, f"vllm:{adapter}")
     assert read_start(out) == first  # the record is kept as it was
-    assert bind_start(tmp_path / "scripted", "expert")["adapter"] is None  # no adapter: nothing to change
+    assert bind_start(tmp_path / "checkpoint", "vllm:runs/a/checkpoint")["adapter"] is None  # no adapter: the spec names it
+    with pytest.raises(UserInputError, match="started from vllm:runs/a/checkpoint, no adapter; vllm:runs/b/checkpoint"):
+        bind_start(tmp_path / "checkpoint", "vllm:runs/b/checkpoint")

@@ -57,6 +57,9 @@ def test_a_committed_record_fills_the_seeds_a_fresh_machine_lacks(tmp_path):
     assert SCRIPT["kept_runs"](tmp_path / "none.json", args) == {}
     with pytest.raises(SystemExit, match="'updates': 6"):  # another budget never enters the table
         SCRIPT["kept_runs"](kept_path, args_for(tmp_path, updates=20))
+    shipped = {"spec": "vllm:tiny", "adapter": {"adapter_sha256": "a" * 64, "recipe_hash": "r", "base": {}}}
+    with pytest.raises(SystemExit, match="holds runs from the start None"):  # nor runs from another adapter
+        SCRIPT["kept_runs"](kept_path, args, None, shipped)
 
 
 def test_held_out_points_by_protocol_ids_and_their_overlap_with_the_training_pool(tmp_path):

@@ -100,7 +100,7 @@ def test_a_protocol_binds_the_folder_and_joins_the_settings_a_kept_record_must_m
     bound = bind_protocol(tmp_path / "runs", "learning", "points_dev", "textcraft_easy_dev")
     assert bound["set"] == "points_dev+textcraft_easy_dev" and bound["role"] == "dev+dev" and bound["tasks"] == 74
     under = args_for(tmp_path, protocol_record=bound)
-    assert SCRIPT["settings"](under)["protocol"] == [bound["hash"], bound["set"]]
+    assert SCRIPT["settings"](under)["protocol"] == [bound["hash"], bound["set"], "dev+dev"]
     assert SCRIPT["settings"](under)["start"] == "a" * 64  # a record from another adapter is not reused
     other = args_for(tmp_path, protocol_record=bound, start={"spec": "tiny", "adapter": {"adapter_sha256": "b" * 64}})
     assert SCRIPT["settings"](other) != SCRIPT["settings"](under)

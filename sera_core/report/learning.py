@@ -11,8 +11,8 @@ Which set each row was measured on is named with its role, read from the protoco
 file carries (``learning``, docs/protocol.md); a file from before the protocols was measured on
 the sets that chose the recipes, so its rows are dev. Where a test run's file exists
 (:data:`TEST_FILES`: what docs/protocol.md's test commands write), its rows replace the dev ones:
-the table is one row per arm on test once the test runs are done. The ``start`` column names the
-adapter the runs started from, as the file records it (:func:`~sera_core.tiny.measure.bind_start`).
+the table is one row per arm on test once the test runs are done. The "from adapter" column names
+the adapter the runs started from, as the file records it (:func:`~sera_core.tiny.measure.bind_start`).
 """
 
 from __future__ import annotations
@@ -120,9 +120,9 @@ def _ablation(folder: Path) -> list[dict[str, Any]]:
             continue
         start = (f"{fmean(r['points']['pairwise_accuracy'] for r in before):.3f} / "
                  f"{fmean(r['root_success'] for r in before):.0%}") if before else "-"
-        protocol = runs[0]["settings"].get("protocol")  # [hash, "points set+eval set"] under a protocol
-        measured = (f"(`{protocol[1]}`, {'test' if 'test' in protocol[1] else 'dev'})" if protocol
-                    else "34 points / 50 easy val tasks (dev: before the protocol)")
+        protocol = runs[0]["settings"].get("protocol")  # [hash, "points set+eval set", "role+role"] under one
+        measured = (f"{runs[0]['points']['points']} points / {runs[0]['eval_tasks']} tasks (`{protocol[1]}`, {protocol[2]})"
+                    if protocol else "34 points / 50 easy val tasks (dev: before the protocol)")
         rows.append({"curve": "ablation", "arm": label, "set": measured, "seeds": len(runs),
                      "from": start_words(runs[0].get("start")),
                      "measure": "pairwise accuracy / root success", "start": start,
@@ -144,7 +144,7 @@ def learning_rows(figures: Path = FIGURES) -> list[dict[str, Any]]:
                     "the label extension (the scorer's gate toward the judge's label)"),
             _curve2(curve2 if curve2.exists() else figures / "execution_curve_select.json",
                     "SERA's execution stage, best held-in checkpoint kept"),
-            *_ablation(ablation if any(ablation.glob("*.json")) else figures / "tiny_experiment")]
+            *_ablation(ablation if any(ablation.glob("sera*_seed*.json")) else figures / "tiny_experiment")]
 
 
 def learning_table(rows: list[dict[str, Any]]) -> str:

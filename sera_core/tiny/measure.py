@@ -331,20 +331,28 @@ def bind_start(out: str | os.PathLike, spec: str) -> dict[str, Any]:
     """The start of an experiment folder's runs: ``{"spec", "adapter"}``, the adapter ``spec``
     plays (:func:`measured_adapter`; None for a checkpoint or a plain model), kept in
     ``out/start.json`` by the first call. A later call whose ``spec`` names other weights (the
-    shipped adapter replaced since, by ``sera tiny ship``) is refused before any work, naming
-    both, so that one folder never holds runs from two starts and its results can say which
+    shipped adapter replaced since, by ``sera tiny ship``), or, for a start that is no adapter,
+    another spec (:func:`same_start`), is refused before any work, naming both, so that one folder never holds runs from two starts and its results can say which
     adapter they started from (issue 60: "say which")."""
     record = {"spec": spec, "adapter": measured_adapter(spec)}
     path = Path(out) / "start.json"
     if path.exists():
         old = json.loads(path.read_text())
-        if old["adapter"] != record["adapter"]:
+        if not same_start(old, record):
             raise UserInputError(f"{out}: its runs started from {old['spec']}, {adapter_words(old['adapter'])}; {spec} "
                                  f"names {adapter_words(record['adapter'])} now: use another folder")
         return old
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, (json.dumps(record, indent=1) + "\n").encode())
     return record
+
+
+def same_start(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    """Whether two start records (:func:`bind_start`) name the same start: the same adapter
+    weights, or, where neither is an adapter (a checkpoint, a plain model), the same spec."""
+    if a is None or b is None:
+        return a is b
+    return a["adapter"] == b["adapter"] and (a["adapter"] is not None or a["spec"] == b["spec"])
 
 
 def read_start(out: str | os.PathLike) -> dict[str, Any] | None:
