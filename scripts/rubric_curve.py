@@ -24,7 +24,9 @@ notebook 09 reads). ``OUT/start.json`` names the adapter every run starts from, 
 whose start was replaced since, by ``sera tiny ship``, is refused before any work).
 A run that is not in ``OUT`` (another machine's, a session ago) enters the table from the
 committed record, ``--keep`` (``figures/rubric_curve.json``), when that was made with the
-same settings.
+same settings and from the same start; a record from before starts were recorded (the committed
+one) enters only a ``--report`` on a folder that records none, and a new run refuses it before
+any work (``--keep ''`` for none).
 Means ± 95% intervals over seeds (Student's t: ``t_{0.975, n-1} * s / sqrt(n)``).
 
 ``--protocol learning`` measures the held-out points of a frozen protocol's set (``--measure``,
@@ -83,7 +85,11 @@ def kept_runs(path: Path, args: argparse.Namespace, protocol: dict | None = None
         return {}
     record = json.loads(path.read_text())
     if not same_start(record.get("start"), start):
-        raise SystemExit(f"{path} holds runs from the start {record.get('start')}, not {start}: another --keep")
+        def words(s: dict | None) -> str:
+            return "an unrecorded start" if s is None else f"{s['spec']} ({s['adapter'] and s['adapter']['adapter_sha256'][:12]})"
+
+        raise SystemExit(f"{path} holds runs from {words(record.get('start'))}, not this folder's {words(start)}: "
+                         "another --keep ('' for none)")
     theirs, ours = ({k: a.get(k) for k in SETTINGS} for a in (record["args"], vars(args)))
     if theirs != ours:
         raise SystemExit(f"{path} was made with {theirs}, not {ours}: pass the same settings, or another --keep")
@@ -188,12 +194,13 @@ def main() -> None:
                                 heldout_ids=heldout_ids, points_dir=str(out), out=str(out / f"{arm}_seed{seed}"))
         RubricStage(cfg).run()
         return
+    kept = kept_runs(Path(args.keep), args, protocol, start) if args.keep else {}  # refused before any run
     if not args.report:
         for arm in args.arms:
             for seed in args.seeds:  # each run in its own process: its engine's memory goes with it
                 print(f"[{time.strftime('%H:%M:%S')}] {arm} seed {seed}", flush=True)
                 subprocess.run([sys.executable, __file__, *sys.argv[1:], "--one", arm, str(seed)], check=True)
-    results = collect(out, args.arms, args.seeds, args.updates, kept_runs(Path(args.keep), args, protocol, start) if args.keep else {})
+    results = collect(out, args.arms, args.seeds, args.updates, kept)
     table = report(results)
     (out / "table.md").write_text(table + "\n")
     record = {"args": vars(args), "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
