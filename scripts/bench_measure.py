@@ -36,21 +36,19 @@ def play(set_name: str, n_tasks: int, kv: float) -> dict:
     import torch
 
     from sera_core.agents.actors import PolicyActor
-    from sera_core.agents.runtime import Runtime, RuntimeConfig
+    from sera_core.agents.runtime import Runtime
     from sera_core.eval.protocol import load_protocol, protocol_tasks
     from sera_core.policy.models import EMBEDDED
     from sera_core.policy.vllm_backend import EngineConfig, VLLMPolicy
+    from sera_core.tiny.measure import set_runtime
 
     protocol = load_protocol("warmstart")
-    spec, contract = protocol["sets"][set_name], protocol["contract"]
+    spec = protocol["sets"][set_name]
     tasks = protocol_tasks(protocol, set_name)[:n_tasks]
     policy = VLLMPolicy(EMBEDDED, EngineConfig(kv_cache_gib=kv))
     policy.step_log = []
-    cfg = RuntimeConfig(temperature=spec["temperature"], rubric_temperature=spec["temperature"], seed=spec.get("seed", 0),
-                        max_depth=contract["max_depth"], max_steps_per_agent=contract["max_steps_per_agent"],
-                        max_new_tokens=contract["max_new_tokens"])
     t0 = time.perf_counter()
-    rollouts = Runtime(spec["benchmark"], PolicyActor(policy), cfg).run(tasks)
+    rollouts = Runtime(spec["benchmark"], PolicyActor(policy), set_runtime(spec, protocol["contract"])).run(tasks)
     wall = time.perf_counter() - t0
     log = policy.step_log
     seconds = sum(s for _, s in log)

@@ -196,16 +196,14 @@ def reuse_before(source: Path, out: Path, policy: str, tasks: Path, start: dict)
     the same start (``start``, this folder's :func:`~sera_core.tiny.measure.bind_start` record,
     against the one beside ``source``: the same policy spec may name other weights after a ship)."""
     from sera_core.eval.evaluator import EvalConfig, EvalError, eval_plan, plan_differences, read_plan
-    from sera_core.tiny.measure import adapter_words, read_start, same_start
+    from sera_core.tiny.measure import read_start, same_start, start_words
     from sera_core.utils.jsonio import read_jsonl
 
     if not (source / "summary.json").exists():
         raise SystemExit(f"--before {source} is unfinished (no summary.json)")
     theirs = read_start(source.parent)
     if not same_start(theirs, start):
-        raise SystemExit(f"--before {source} was measured from "
-                         f"{'an unrecorded start' if theirs is None else adapter_words(theirs['adapter'])}, "
-                         f"not this folder's {adapter_words(start['adapter'])} ({start['spec']})")
+        raise SystemExit(f"--before {source} was measured from {start_words(theirs)}, not this folder's {start_words(start)}")
     try:
         old = read_plan(source)
         cfg = EvalConfig("textcraft", policy=policy, label=old["label"])
@@ -387,11 +385,11 @@ def main() -> None:
             if len(val) < args.tasks:
                 raise SystemExit(f"--tasks {args.tasks}: the val split has {len(val)} easy tasks of these crafts")
             write_tasks(tasks, val[:args.tasks], "val tasks")
-        start_record = bind_start(out, f"vllm:{args.start}")  # refused before any run if the start changed
+        start = f"vllm:{args.start}"
+        start_record = bind_start(out, start)  # refused before any run if the start changed
         train = easy_tasks("train", args.max_craft_steps) if args.max_craft_steps or args.select_every else []
         if args.max_craft_steps:
             write_tasks(out / "train_tasks.jsonl", train, "training tasks")
-        start = f"vllm:{args.start}"
         if args.before and not (out / "before").exists():
             reuse_before(Path(args.before), out, start, tasks, start_record)
         if not (out / "before" / "summary.json").exists():

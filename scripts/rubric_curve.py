@@ -79,17 +79,14 @@ def kept_runs(path: Path, args: argparse.Namespace, protocol: dict | None = None
     another protocol (``protocol``: this run's :func:`~sera_core.eval.protocol.bind_protocol` record)
     or from another start (``start``: this folder's :func:`~sera_core.tiny.measure.bind_start`
     record; None on both sides for runs made before starts were recorded)."""
-    from sera_core.tiny.measure import same_start
+    from sera_core.tiny.measure import same_start, start_words
 
     if not path.exists():
         return {}
     record = json.loads(path.read_text())
     if not same_start(record.get("start"), start):
-        def words(s: dict | None) -> str:
-            return "an unrecorded start" if s is None else f"{s['spec']} ({s['adapter'] and s['adapter']['adapter_sha256'][:12]})"
-
-        raise SystemExit(f"{path} holds runs from {words(record.get('start'))}, not this folder's {words(start)}: "
-                         "another --keep ('' for none)")
+        raise SystemExit(f"{path} holds runs from {start_words(record.get('start'))}, not this folder's "
+                         f"{start_words(start)}: another --keep ('' for none)")
     theirs, ours = ({k: a.get(k) for k in SETTINGS} for a in (record["args"], vars(args)))
     if theirs != ours:
         raise SystemExit(f"{path} was made with {theirs}, not {ours}: pass the same settings, or another --keep")

@@ -381,12 +381,11 @@ def main() -> None:
     if args.warm_start != SHIPPED and args.arms:
         parser.error("--warm-start measures another adapter only: pass --arms with no arm (the arms train from the shipped one)")
     out = Path(args.out)
-    from sera_core.tiny.measure import bind_start, measured_adapter, read_start
+    from sera_core.tiny.measure import bind_start, read_start, start_record
 
     # what the arms train from and the warm start measured is: refused if it was replaced under OUT
     # a report on a machine without OUT/start.json (only --keep committed) reads the start the spec names now
-    args.start = (read_start(out) or {"spec": args.warm_start, "adapter": measured_adapter(args.warm_start)}) \
-        if args.report else bind_start(out, args.warm_start)
+    args.start = (read_start(out) or start_record(args.warm_start)) if args.report else bind_start(out, args.warm_start)
     points, tasks = held_out(args)
     print(f"{len(points)} held-out points, {len(tasks)} eval tasks", flush=True)
     results = collect(args, run_missing=not args.report)

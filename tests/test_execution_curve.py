@@ -97,7 +97,7 @@ def test_a_before_of_the_same_start_tasks_and_settings_is_reused_and_any_other_i
         assert not (tmp_path / name / "out" / "before").exists()
     (tmp_path / "out").mkdir()
     shipped_since = start | {"adapter": start["adapter"] | {"adapter_sha256": "b" * 64}}  # same spec, other weights
-    with pytest.raises(SystemExit, match="measured from adapter aaaaaaaaaaaa .*not this folder's adapter bbbbbbbbbbbb"):
+    with pytest.raises(SystemExit, match="measured from vllm:runs/start, adapter aaaaaaaaaaaa .*not this folder's vllm:runs/start, adapter bbbbbbbbbbbb"):
         SCRIPT["reuse_before"](tmp_path / "good", tmp_path / "out", "vllm:runs/start", tasks, shipped_since)
     (tmp_path / "start.json").unlink()
     with pytest.raises(SystemExit, match="measured from an unrecorded start"):

@@ -75,7 +75,7 @@ def test_a_test_runs_file_replaces_the_dev_rows_and_says_its_set_role_and_start(
     set and role from the file's protocol record and the adapter its runs started from."""
     import shutil
 
-    from sera_core.report.learning import TEST_FILES, start_words
+    from sera_core.report.learning import TEST_FILES, start_cell
 
     figures = tmp_path / "figures"
     shutil.copytree(FIGURES / "tiny_experiment", figures / "tiny_experiment")
@@ -115,6 +115,6 @@ def test_a_test_runs_file_replaces_the_dev_rows_and_says_its_set_role_and_start(
     assert rows[1]["end"].startswith("0.750 [") and rows[1]["source"] == (figures / TEST_FILES["curve1"]).as_posix()
     assert rows[2]["set"] == "47 easy val tasks (`textcraft_easy_test`, test)" and rows[2]["change"] == "+0.100"
     assert rows[3]["set"] == "30 points / 47 tasks (`points_test+textcraft_easy_test`, test+test)" and rows[3]["seeds"] == 1
-    assert {r["from"] for r in rows} == {start_words(start)} == {"recipe `aee274e1fd1673ee`, weights `c0ffee00`"}
-    assert start_words({"spec": "runs/x/checkpoint", "adapter": None}) == "`runs/x/checkpoint`"
+    assert {r["from"] for r in rows} == {start_cell(start)} == {"recipe `aee274e1fd1673ee`, weights `c0ffee00`"}
+    assert start_cell({"spec": "runs/x/checkpoint", "adapter": None}) == "`runs/x/checkpoint`"
     assert "| from adapter |" in learning_table(rows)

@@ -73,8 +73,8 @@ def _role(protocol: dict | None, fallback: str) -> str:
     return f"(`{protocol['set']}`, {protocol['role']})"
 
 
-def start_words(start: dict | None) -> str:
-    """The adapter a file's runs started from, as :func:`~sera_core.tiny.measure.bind_start`
+def start_cell(start: dict | None) -> str:
+    """The table cell of the adapter a file's runs started from, as :func:`~sera_core.tiny.measure.bind_start`
     recorded it: its recipe and the head of its weights' sha256, the spec where it is no adapter
     (a checkpoint), or "not recorded" for runs made before starts were recorded."""
     if not start:
@@ -92,7 +92,7 @@ def _curve1(path: Path, arm: str, label: str) -> dict[str, Any]:
     end = [r["heldout"][-1]["pairwise_accuracy"] for r in runs]
     points = int(runs[0]["heldout"][0]["points"])
     return {"curve": "1", "arm": label, "set": f"{points} held-out points {_role(record.get('protocol'), 'the curve-1 points')}",
-            "seeds": len(runs), "from": start_words(record.get("start")),
+            "seeds": len(runs), "from": start_cell(record.get("start")),
             "measure": "greedy pairwise accuracy", "start": _interval(start), "end": _interval(end),
             "change": _interval([b - a for a, b in zip(start, end, strict=True)], signed=True),
             "source": _source(path)}
@@ -103,7 +103,7 @@ def _curve2(path: Path, label: str) -> dict[str, Any]:
     changes = [r["change"] for r in record["runs"]]
     return {"curve": "2", "arm": label,
             "set": f"{record['tasks']} easy val tasks {_role(record.get('protocol'), 'the first 50')}",
-            "seeds": len(changes), "from": start_words(record.get("start")),
+            "seeds": len(changes), "from": start_cell(record.get("start")),
             "measure": "root success, T=0", "start": _interval([c["before"]["rate"] for c in changes]),
             "end": _interval([c["after"]["rate"] for c in changes]),
             "change": _interval([c["difference"]["rate"] for c in changes], signed=True),
@@ -124,7 +124,7 @@ def _ablation(folder: Path) -> list[dict[str, Any]]:
         measured = (f"{runs[0]['points']['points']} points / {runs[0]['eval_tasks']} tasks (`{protocol[1]}`, {protocol[2]})"
                     if protocol else "34 points / 50 easy val tasks (dev: before the protocol)")
         rows.append({"curve": "ablation", "arm": label, "set": measured, "seeds": len(runs),
-                     "from": start_words(runs[0].get("start")),
+                     "from": start_cell(runs[0].get("start")),
                      "measure": "pairwise accuracy / root success", "start": start,
                      "end": f"{_interval([r['points']['pairwise_accuracy'] for r in runs])} / "
                             f"{_interval([r['root_success'] for r in runs])}",

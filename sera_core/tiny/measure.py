@@ -305,16 +305,21 @@ def measure_protocol(spec: str, protocol: str, sets: list[str] | None = None, *,
             rescored, _ = rescore_points(actor, bench, tasks, progress=progress, kept=out / f"{name}.points.jsonl")
             figures = point_metrics(rescored, getattr(getattr(actor, "policy", None), "decode", None))
         else:
-            cfg = RuntimeConfig(temperature=set_spec["temperature"], rubric_temperature=set_spec["temperature"],
-                                seed=set_spec.get("seed", 0), max_depth=contract["max_depth"],
-                                max_steps_per_agent=contract["max_steps_per_agent"], max_new_tokens=contract["max_new_tokens"])
-            rollouts, _ = play_kept(Runtime(bench, actor, cfg), tasks, progress=progress,
+            rollouts, _ = play_kept(Runtime(bench, actor, set_runtime(set_spec, contract)), tasks, progress=progress,
                                     kept=out / f"{name}.trees.jsonl", trees=set_spec["trees"])
             figures = _figures(rollouts, bench) | {"tasks": len(tasks), "trees": len(rollouts),  # trees: tasks x trees each
                                                    "trees_solved": sum(1 for r in rollouts if (r.tree.root_reward or 0) >= 1)}
         results["sets"][name] = figures | {"role": set_spec["role"], "seconds": round(time.perf_counter() - t0, 1)}
         write_atomic(path, json.dumps(results, indent=1).encode())
     return results
+
+
+def set_runtime(set_spec: dict[str, Any], contract: dict[str, Any]) -> RuntimeConfig:
+    """How a protocol set's tasks are played: at the set's temperature (rubric calls too) and
+    seed (default 0), within the protocol contract's depth, steps per agent and tokens a turn."""
+    return RuntimeConfig(temperature=set_spec["temperature"], rubric_temperature=set_spec["temperature"],
+                         seed=set_spec.get("seed", 0), max_depth=contract["max_depth"],
+                         max_steps_per_agent=contract["max_steps_per_agent"], max_new_tokens=contract["max_new_tokens"])
 
 
 def measured_adapter(spec: str) -> dict | None:
@@ -334,17 +339,28 @@ def bind_start(out: str | os.PathLike, spec: str) -> dict[str, Any]:
     shipped adapter replaced since, by ``sera tiny ship``), or, for a start that is no adapter,
     another spec (:func:`same_start`), is refused before any work, naming both, so that one folder never holds runs from two starts and its results can say which
     adapter they started from (issue 60: "say which")."""
-    record = {"spec": spec, "adapter": measured_adapter(spec)}
+    record = start_record(spec)
     path = Path(out) / "start.json"
     if path.exists():
         old = json.loads(path.read_text())
         if not same_start(old, record):
-            raise UserInputError(f"{out}: its runs started from {old['spec']}, {adapter_words(old['adapter'])}; {spec} "
+            raise UserInputError(f"{out}: its runs started from {start_words(old)}; {spec} "
                                  f"names {adapter_words(record['adapter'])} now: use another folder")
         return old
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, (json.dumps(record, indent=1) + "\n").encode())
     return record
+
+
+def start_record(spec: str) -> dict[str, Any]:
+    """The start a policy spec names, as :func:`bind_start` records it: ``{"spec", "adapter"}``."""
+    return {"spec": spec, "adapter": measured_adapter(spec)}
+
+
+def start_words(start: dict[str, Any] | None) -> str:
+    """A start record (:func:`start_record`) in a few words, for messages; None is a start that
+    was not recorded (runs made before :func:`bind_start`)."""
+    return "an unrecorded start" if start is None else f"{start['spec']}, {adapter_words(start['adapter'])}"
 
 
 def same_start(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
