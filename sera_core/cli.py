@@ -286,7 +286,8 @@ def cmd_tiny(args: argparse.Namespace) -> dict[str, Any]:
 
         if args.save is None:
             raise UserInputError("measure --protocol keeps its trees and results in a folder: pass --save FOLDER")
-        results = measure_protocol(f"vllm:{model}", args.protocol, args.sets, out=args.save, progress=True)
+        results = measure_protocol(f"vllm:{model}", args.protocol, args.sets, out=args.save, progress=True,
+                                   trees_in_flight=args.trees_in_flight)
         return {"action": "measure", "model": str(model), **results}
     tasks = {env: measured_tasks(env, args.tasks) for env in (BENCHMARKS if args.env == "both" else (args.env,))}
     results = measure(model, tasks, groups=args.groups, points=args.points, progress=True, save=args.save)
@@ -507,6 +508,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--protocol", default=None,
                    help="measure: the sets of a frozen protocol instead (docs/protocol.md, e.g. warmstart; vLLM engine)")
     p.add_argument("--sets", nargs="+", default=None, help="measure --protocol: these sets (default: its test sets and the sets its measures read)")
+    p.add_argument("--trees-in-flight", type=int, default=None,
+                   help="measure --protocol: trees played at a time across the sets (default: "
+                        "sera_core.tiny.measure.TREES_IN_FLIGHT)")
     p.add_argument("--against", type=Path, default=None,
                    help="compare, ship: the shipped adapter's measurement folder (--save names the candidate's)")
     p.add_argument("--write", type=Path, default=None, help="compare: write the verdict to this JSON file (figures/warmstart.json)")

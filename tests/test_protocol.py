@@ -130,6 +130,13 @@ def test_a_policy_is_measured_on_a_protocols_sets_and_resumes(tmp_path):
     assert len(list((out / "long.trees.jsonl").read_text().splitlines())) == 2  # tree by tree, t0 and t1
     again = measure_protocol("expert", path, out=out)
     assert again == results  # read back, not played again
+    one_at_a_time = measure_protocol("expert", path, out=tmp_path / "one", trees_in_flight=1)["sets"]
+    assert list(one_at_a_time) == list(sets) == list(small["sets"])  # the file's order, whichever set ended first
+    assert all({k: v for k, v in one_at_a_time[n].items() if k != "seconds"}  # sets played together, through
+               == {k: v for k, v in sets[n].items() if k != "seconds"} for n in sets)  # a gate of 1 or 32: the same
+    with pytest.raises(UserInputError, match="at least 1, not 0"):
+        measure_protocol("expert", path, out=tmp_path / "none", trees_in_flight=0)
+    assert not (tmp_path / "none").exists()  # refused before any work
     assert results["adapter"] is None  # a scripted expert plays no adapter
     with pytest.raises(UserInputError, match="measures expert, not vllm:tiny"):
         measure_protocol("vllm:tiny", path, out=out)

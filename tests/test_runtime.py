@@ -320,6 +320,48 @@ def test_a_cancelled_serving_task_cancels_its_callers_and_ends_cancelled():
     assert asyncio.run(main()) == (True, 1)
 
 
+def test_a_gate_holds_its_slots_and_admits_round_robin_by_rank():
+    """``Gate(2)``: never more than 2 holders; the waiters enter lowest rank first, equal ranks
+    in arrival order, and slots are granted only once every coroutine started together has
+    queued, so two runs ranked by position enter round robin (a0 b0 a1 b1 ..., not the first
+    run's trees into the free slots first); a waiter cancelled before its turn is skipped,
+    and one cancelled after its slot was granted hands the slot on instead of keeping it."""
+    from sera_core.utils.aio import Gate
+
+    async def main():
+        gate, entered, holding = Gate(2), [], [0]
+        peak = [0]
+
+        async def job(name: str, rank: int, hold: float = 0.0):
+            async with gate.hold(rank):
+                entered.append(name)
+                holding[0] += 1
+                peak[0] = max(peak[0], holding[0])
+                await asyncio.sleep(hold)
+                holding[0] -= 1
+
+        runs = [job(f"{run}{k}", k, 0.01) for run in "ab" for k in range(3)]
+        await asyncio.gather(*runs)
+        order = list(entered)
+        entered.clear()
+
+        async with gate.hold(), gate.hold():  # both slots taken: the next two must wait
+            skipped = asyncio.ensure_future(job("skipped", 0))
+            granted = asyncio.ensure_future(job("granted-then-cancelled", 1))
+            last = asyncio.ensure_future(job("last", 2))
+            await asyncio.sleep(0)
+            skipped.cancel()
+        granted.cancel()  # its slot was granted as the block released, before it ran
+        await asyncio.gather(skipped, granted, last, return_exceptions=True)
+        return order, peak[0], entered, gate._free
+
+    order, peak, after, free = asyncio.run(main())
+    assert order == ["a0", "b0", "a1", "b1", "a2", "b2"] and peak == 2
+    assert after == ["last"] and free == 2  # every slot back
+    with pytest.raises(ValueError, match="at least 1 slot"):
+        Gate(0)
+
+
 # -- adversarial model output ---------------------------------------------------------------------
 
 BAD_RUBRICS = {

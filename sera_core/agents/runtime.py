@@ -90,7 +90,7 @@ from sera_core.rubrics import (
     ranking_loss,
     resolve_child_reward,
 )
-from sera_core.utils.aio import run_sync
+from sera_core.utils.aio import Gate, run_sync
 from sera_core.utils.errors import UserInputError
 from sera_core.utils.seeding import derive_seed
 
@@ -318,23 +318,27 @@ class Runtime:
         return Rollout(tree, shared.points, round(time.perf_counter() - t0, 4))
 
     async def rollouts(self, records: Sequence[dict], *, trees: int = 1, progress: bool = False,
-                       part: tuple[int, int] = (0, 1),
-                       on_done: Callable[[Rollout], None] | None = None) -> list[Rollout]:
+                       part: tuple[int, int] = (0, 1), on_done: Callable[[Rollout], None] | None = None,
+                       gate: Gate | None = None, desc: str | None = None) -> list[Rollout]:
         """``trees`` rollouts of every record, all concurrently (batched through one actor).
 
         Tree ids are ``{task_id}/t{k}``; results come back in input order. ``part=(i, n)``
         plays only the trees ``i::n`` of that order (process ``i`` of ``n``): a tree's seed
         derives from its id, so the union of the parts equals one run of all trees.
         ``on_done`` is called with each rollout as it finishes (in finishing order), so a
-        caller can keep it before the slowest tree of the run ends."""
+        caller can keep it before the slowest tree of the run ends. With ``gate``
+        (:class:`~sera_core.utils.aio.Gate`, shared by other runs in the same loop) a tree
+        plays only while it holds a slot, ranked by its position in this run: runs that share
+        a gate enter round robin. ``desc`` names the progress bar."""
         index, count = part
         if not 0 <= index < count:
             raise ValueError(f"part {part}: need 0 <= index < count")
         jobs = [(rec, f"{self.benchmark.task_id(rec)}/t{k}") for rec in records for k in range(trees)][index::count]
-        bar = tqdm(total=len(jobs), desc=f"rollouts {self.benchmark.name}", disable=not progress)
+        bar = tqdm(total=len(jobs), desc=desc or f"rollouts {self.benchmark.name}", disable=not progress)
 
-        async def one(rec: dict, tid: str) -> Rollout:
-            out = await self.rollout(rec, tid)
+        async def one(rank: int, rec: dict, tid: str) -> Rollout:
+            async with gate.hold(rank) if gate is not None else contextlib.nullcontext():
+                out = await self.rollout(rec, tid)
             if on_done is not None:
                 on_done(out)
             bar.update(1)
@@ -342,7 +346,7 @@ class Runtime:
             return out
 
         try:
-            return list(await asyncio.gather(*(one(r, t) for r, t in jobs)))
+            return list(await asyncio.gather(*(one(i, r, t) for i, (r, t) in enumerate(jobs))))
         finally:
             bar.close()
 
@@ -390,22 +394,24 @@ class Runtime:
         out.ranking = ranking_loss(out.scores, out.labels)
         return out
 
-    def rescore_all(self, points: Sequence[DelegationPoint], *, progress: bool = False,
-                    keep_turns: bool = False) -> list[DelegationPoint]:
+    async def rescore_many(self, points: Sequence[DelegationPoint], *, keep_turns: bool = False,
+                           bar: Any = None) -> list[DelegationPoint]:
         """:meth:`rescore` of every point (``keep_turn=keep_turns``), all concurrently (batched
-        through one actor), in input order."""
-        bar = tqdm(total=len(points), desc="rescore points", disable=not progress)
-
+        through one actor), in input order; ``bar`` (a tqdm bar) counts them as they end."""
         async def one(point: DelegationPoint) -> DelegationPoint:
             out = await self.rescore(point, keep_turn=keep_turns)
-            bar.update(1)
+            if bar is not None:
+                bar.update(1)
             return out
 
-        async def every() -> list[DelegationPoint]:
-            return list(await asyncio.gather(*(one(p) for p in points)))
+        return list(await asyncio.gather(*(one(p) for p in points)))
 
+    def rescore_all(self, points: Sequence[DelegationPoint], *, progress: bool = False,
+                    keep_turns: bool = False) -> list[DelegationPoint]:
+        """Synchronous :meth:`rescore_many`, with a progress bar."""
+        bar = tqdm(total=len(points), desc="rescore points", disable=not progress)
         try:
-            return run_sync(every)
+            return run_sync(lambda: self.rescore_many(points, keep_turns=keep_turns, bar=bar))
         finally:
             bar.close()
 

@@ -36,6 +36,7 @@ held-out points are rescored :data:`POINTS_CHUNK` at a time and each chunk is ke
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -54,11 +55,15 @@ from sera_core.agents.tree import Tree
 from sera_core.envs.registry import BENCHMARKS, pick_tasks, record_value
 from sera_core.eval.points import heldout_points, point_metrics
 from sera_core.policy.hf import HFPolicy
+from sera_core.utils.aio import Gate, run_sync
 from sera_core.utils.errors import UserInputError
 from sera_core.utils.jsonio import read_jsonl, write_atomic, write_jsonl
 
 POINTS_CHUNK = 4
 """Held-out points rescored at once (about 33 calls, one batch): the unit a rerun resumes from."""
+
+TREES_IN_FLIGHT = 32
+"""Trees a protocol measurement plays at a time across its sets (:func:`measure_protocol`)."""
 
 
 def well_formed(text: str, benchmark: str) -> bool:
@@ -187,8 +192,20 @@ def rescore_points(policy: Any, benchmark: str, tasks: int | list[dict], *, seed
     and its share of the chunk's seconds a line; the file is replaced atomically) and a rerun
     starts after the points already there, so an interrupted run of hours loses at most one
     chunk. A line whose point is not the held-out point expected at its position (another
-    ``tasks``, ``seed`` or code version) is an error, not a silent mix."""
-    held = heldout_points(benchmark, points_tasks(benchmark, tasks) if isinstance(tasks, int) else tasks, seed=seed)
+    ``tasks``, ``seed`` or code version) is an error, not a silent mix. :func:`rescore_points_async`
+    is the same inside a running event loop."""
+    return run_sync(lambda: rescore_points_async(policy, benchmark, tasks, seed=seed, max_batch=max_batch,
+                                                 progress=progress, kept=kept, chunk=chunk))
+
+
+async def rescore_points_async(policy: Any, benchmark: str, tasks: int | list[dict], *, seed: int = 0,
+                               max_batch: int = 64, progress: bool = False, kept: Path | None = None,
+                               chunk: int = POINTS_CHUNK) -> tuple[list[DelegationPoint], float]:
+    """:func:`rescore_points` as a coroutine: its chunks' calls join whatever else the loop
+    plays through the same actor (a protocol measurement's sets, :func:`measure_protocol`).
+    The noisy expert's points are played in a worker thread, so the loop goes on meanwhile."""
+    records = points_tasks(benchmark, tasks) if isinstance(tasks, int) else tasks
+    held = await asyncio.to_thread(heldout_points, benchmark, records, seed=seed)
     rows = list(read_jsonl(kept)) if kept is not None and kept.exists() else []
     done = [DelegationPoint.from_json(row["point"]) for row in rows]
     if len(done) > len(held):
@@ -204,7 +221,7 @@ def rescore_points(policy: Any, benchmark: str, tasks: int | list[dict], *, seed
     for start in tqdm(range(len(done), len(held), chunk), desc=f"rescore {benchmark} points ({chunk} at a time)",
                       disable=not progress):
         t0 = time.perf_counter()
-        part = runtime.rescore_all(held[start:start + chunk])
+        part = await runtime.rescore_many(held[start:start + chunk])
         share = (time.perf_counter() - t0) / len(part)
         seconds += share * len(part)
         done += part
@@ -216,6 +233,13 @@ def rescore_points(policy: Any, benchmark: str, tasks: int | list[dict], *, seed
 
 def play_kept(runtime: Runtime, tasks: list[dict], *, progress: bool = False,
               kept: Path | None = None, trees: int = 1) -> tuple[list[Rollout], float]:
+    """Synchronous :func:`play_kept_async`."""
+    return run_sync(lambda: play_kept_async(runtime, tasks, progress=progress, kept=kept, trees=trees))
+
+
+async def play_kept_async(runtime: Runtime, tasks: list[dict], *, progress: bool = False, kept: Path | None = None,
+                          trees: int = 1, gate: Gate | None = None,
+                          desc: str | None = None) -> tuple[list[Rollout], float]:
     """``tasks`` played concurrently through ``runtime``, ``trees`` trees each: their rollouts
     (trees and delegation points) in task order, and the wall seconds the playing took, summed
     over the runs that played them.
@@ -226,7 +250,7 @@ def play_kept(runtime: Runtime, tasks: list[dict], *, progress: bool = False,
     only the tasks not there. One tree can take an hour on one core, so an interruption loses
     at most the trees in progress; a tree's seed derives from its id, so the kept trees are
     the ones a single run would play. A line for a task not in ``tasks`` is an error, not a
-    silent mix."""
+    silent mix. ``gate`` and ``desc``: :meth:`~sera_core.agents.runtime.Runtime.rollouts`'s."""
     rows = list(read_jsonl(kept)) if kept is not None and kept.exists() else []
     ids = [f"{runtime.benchmark.task_id(t)}/t{k}" for t in tasks for k in range(trees)]  # Runtime.rollouts' tree ids
     done = {row["tree"]["tree_id"]: Rollout(Tree.from_json(row["tree"]), [DelegationPoint.from_json(p) for p in row["points"]],
@@ -252,13 +276,13 @@ def play_kept(runtime: Runtime, tasks: list[dict], *, progress: bool = False,
         if rollout.tree.tree_id not in kept_ids:
             keep(rollout)
 
-    played = runtime.run(todo, trees=trees, progress=progress, on_done=keep_new)
+    played = await runtime.rollouts(todo, trees=trees, progress=progress, on_done=keep_new, gate=gate, desc=desc)
     done |= {r.tree.tree_id: r for r in played if r.tree.tree_id not in kept_ids}
     return [done[i] for i in ids], sum(row["wall"] for row in rows)
 
 
 def measure_protocol(spec: str, protocol: str, sets: list[str] | None = None, *, out: str | os.PathLike,
-                     progress: bool = False, actor: Any = None) -> dict[str, Any]:
+                     progress: bool = False, actor: Any = None, trees_in_flight: int | None = None) -> dict[str, Any]:
     """The policy ``spec`` (:func:`~sera_core.agents.actors.make_actor`: ``vllm:tiny``,
     ``vllm:FOLDER``, ``hf:FOLDER``) measured on ``sets`` (default: :func:`default_sets`) of the frozen
     ``protocol`` (docs/protocol.md), at its contract's caps, into ``out/results.json``:
@@ -270,8 +294,15 @@ def measure_protocol(spec: str, protocol: str, sets: list[str] | None = None, *,
       ``seed``, default 0): root success, trees solved, well-formed act turns, delegations
       (:func:`_figures`).
 
-    Each set's trees or points are kept in ``out`` as they end (:func:`play_kept`,
-    :func:`rescore_points`) and each finished set is written at once, so an interrupted
+    The sets not yet measured play together in one event loop through one actor, at most
+    ``trees_in_flight`` trees at a time (default :data:`TREES_IN_FLIGHT`) entering round robin
+    across the sets (:class:`~sera_core.utils.aio.Gate`), the points' chunks beside them: one
+    set's last slow trees no longer leave the engine a batch of one or two while other sets
+    wait (docs/embedded.md, "Generation speed"). A set's ``seconds`` is the wall time from the
+    start of the run that finished it to its last tree or point: sets played together overlap.
+
+    Each set's trees or points are kept in ``out`` as they end (:func:`play_kept_async`,
+    :func:`rescore_points_async`) and each finished set is written at once, so an interrupted
     measurement resumes; ``out`` is bound to the protocol's hash and sets
     (:func:`~sera_core.eval.protocol.bind_protocol`): a changed protocol is refused before any work.
     ``results.json`` also records the adapter the spec plays (:func:`measured_adapter`: the
@@ -283,6 +314,9 @@ def measure_protocol(spec: str, protocol: str, sets: list[str] | None = None, *,
 
     chosen = load_protocol(protocol)
     sets = sets or default_sets(chosen)
+    if trees_in_flight is not None and trees_in_flight < 1:
+        raise UserInputError(f"trees in flight: at least 1, not {trees_in_flight}")
+    gate = Gate(trees_in_flight or TREES_IN_FLIGHT)
     out = Path(out)
     record = bind_protocol(out, protocol, *sets)
     path = out / "results.json"
@@ -294,23 +328,34 @@ def measure_protocol(spec: str, protocol: str, sets: list[str] | None = None, *,
     if results.get("adapter") != adapter:
         raise UserInputError(f"{path} measured {spec} when it named {adapter_words(results.get('adapter'))}; it names "
                              f"{adapter_words(adapter)} now: measure it into another folder")
+    todo = [name for name in sets if name not in results["sets"]]
+    if not todo:
+        return results
+    actor = actor or make_actor(spec)
     contract = chosen["contract"]
-    for name in sets:
-        if name in results["sets"]:
-            continue
-        actor = actor or make_actor(spec)
+    t0 = time.perf_counter()
+
+    async def play_set(name: str) -> None:
         set_spec, tasks = chosen["sets"][name], protocol_tasks(chosen, name)
-        bench, t0 = set_spec["benchmark"], time.perf_counter()
+        bench = set_spec["benchmark"]
         if "points" in name:
-            rescored, _ = rescore_points(actor, bench, tasks, progress=progress, kept=out / f"{name}.points.jsonl")
+            rescored, _ = await rescore_points_async(actor, bench, tasks, progress=progress,
+                                                     kept=out / f"{name}.points.jsonl")
             figures = point_metrics(rescored, getattr(getattr(actor, "policy", None), "decode", None))
         else:
-            rollouts, _ = play_kept(Runtime(bench, actor, set_runtime(set_spec, contract)), tasks, progress=progress,
-                                    kept=out / f"{name}.trees.jsonl", trees=set_spec["trees"])
+            rollouts, _ = await play_kept_async(Runtime(bench, actor, set_runtime(set_spec, contract)), tasks,
+                                                progress=progress, kept=out / f"{name}.trees.jsonl",
+                                                trees=set_spec["trees"], gate=gate, desc=name)
             figures = _figures(rollouts, bench) | {"tasks": len(tasks), "trees": len(rollouts),  # trees: tasks x trees each
                                                    "trees_solved": sum(1 for r in rollouts if (r.tree.root_reward or 0) >= 1)}
         results["sets"][name] = figures | {"role": set_spec["role"], "seconds": round(time.perf_counter() - t0, 1)}
-        write_atomic(path, json.dumps(results, indent=1).encode())
+        results["sets"] = {n: results["sets"][n] for n in chosen["sets"] if n in results["sets"]}  # the file's order
+        write_atomic(path, json.dumps(results, indent=1).encode())  # one loop, one thread: no write races
+
+    async def play_all() -> None:
+        await asyncio.gather(*(play_set(name) for name in todo))
+
+    run_sync(play_all)
     return results
 
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+import heapq
+import itertools
+from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -53,3 +56,56 @@ def fail_waiting(futures, exc: BaseException) -> None:
             future.set_exception(exc)
     if cancelled or isinstance(exc, (KeyboardInterrupt, SystemExit)):
         raise exc
+
+
+class Gate:
+    """At most ``slots`` holders at a time (:meth:`hold`); waiters enter lowest ``rank`` first,
+    equal ranks in arrival order.
+
+    Slots are granted one loop step after a request, not at once, so coroutines started
+    together all queue before any enters: several sets of trees started in one ``gather``
+    through one gate, each tree ranked by its position in its own set, enter round robin (the
+    k-th tree of every set before the (k+1)-th of any), not the first set's trees first. A
+    holder cancelled while it waits leaves no trace; one cancelled after its slot was granted
+    hands the slot on."""
+
+    def __init__(self, slots: int):
+        if slots < 1:
+            raise ValueError(f"a gate needs at least 1 slot, not {slots}")
+        self.slots = slots
+        self._free = slots
+        self._waiting: list[tuple[Any, int, asyncio.Future]] = []
+        self._order = itertools.count()
+        self._dispatching = False
+
+    @asynccontextmanager
+    async def hold(self, rank: Any = 0) -> AsyncIterator[None]:
+        """Hold one slot for the body of an ``async with``."""
+        granted = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiting, (rank, next(self._order), granted))
+        if self._free and not self._dispatching:  # after the coroutines ready now have queued too
+            self._dispatching = True
+            asyncio.get_running_loop().call_soon(self._dispatch)
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():  # granted, then cancelled before it ran
+                self._release()
+            raise
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _dispatch(self) -> None:
+        """Grant the free slots to the first waiters still waiting."""
+        self._dispatching = False
+        while self._free and self._waiting:
+            *_, granted = heapq.heappop(self._waiting)
+            if not granted.done():
+                granted.set_result(None)
+                self._free -= 1
+
+    def _release(self) -> None:
+        self._free += 1
+        self._dispatch()
