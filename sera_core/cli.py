@@ -341,13 +341,26 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_course(args: argparse.Namespace) -> dict[str, Any]:
-    from sera_core.course import record_fixture
+    from sera_core import course
 
-    manifest = record_fixture(args.out, args.config, overrides=dict(_setting(text) for text in args.set or []),
-                              expert_tasks=args.expert_tasks, points=args.points, policy_tasks=args.policy_tasks,
-                              seed=args.seed, policy_seed=args.policy_seed, policy_max_steps=args.policy_max_steps or None,
-                              policy_split=args.policy_split, delegating_tasks=args.delegating_tasks, progress=True)
-    return {"action": "record", "out": str(args.out), "config_hash": manifest["config"]["hash"],
+    overrides = dict(_setting(text) for text in args.set or [])
+    if args.unless_current:  # the fixture there loads with this config and was played by the adapter shipped now
+        from sera_core.train.config import load_config
+
+        try:
+            manifest = course.load_fixture(args.out, load_config(args.config, **overrides)).manifest
+        except UserInputError as why:
+            print(f"recording: {why}", file=sys.stderr)
+        else:
+            return {"action": "record", "out": str(args.out), "recorded": False, "config_hash": manifest["config"]["hash"],
+                    "why": "current: it loads with this config and the adapter that played it is the one shipped now"}
+    manifest = course.record_fixture(args.out, args.config, overrides=overrides,
+                                     expert_tasks=args.expert_tasks, points=args.points, policy_tasks=args.policy_tasks,
+                                     seed=args.seed, policy_seed=args.policy_seed,
+                                     policy_max_steps=args.policy_max_steps or None, policy_split=args.policy_split,
+                                     delegating_tasks=args.delegating_tasks, seed_tries=args.policy_seed_tries,
+                                     progress=True)
+    return {"action": "record", "out": str(args.out), "recorded": True, "config_hash": manifest["config"]["hash"],
             "points": manifest["expert"]["groups"], "policy_root_rewards": manifest["policy"]["root_rewards"],
             "bytes": manifest["bytes"], "seconds": manifest["seconds"]}
 
@@ -546,6 +559,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="steps per agent of the policy's trees (0: the config's)")
     p.add_argument("--delegating-tasks", type=int, default=FIXTURE_DELEGATING_TASKS,
                    help="medium tasks the policy plays greedily for a tree whose root delegates (0: none)")
+    p.add_argument("--policy-seed-tries", type=int, default=1,
+                   help="policy seeds tried from --policy-seed on, until a task's trees end differently (the "
+                        "manifest's command names the seed kept)")
+    p.add_argument("--unless-current", action="store_true",
+                   help="record nothing when the fixture at --out loads with this config and was played by the "
+                        "adapter shipped now (make course-fixture, after `sera tiny ship`)")
     p.set_defaults(func=cmd_course)
 
     p = sub.add_parser("export", help="write a training checkpoint's model as a Hugging Face folder")

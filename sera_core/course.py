@@ -233,15 +233,17 @@ def record_fixture(out: str | os.PathLike, config: str = FIXTURE_CONFIG, *, over
                    expert_tasks: int = 2, points: int = 4, policy_tasks: int = 2, seed: int | None = None,
                    policy_seed: int = FIXTURE_POLICY_SEED, policy_max_steps: int | None = FIXTURE_POLICY_STEPS,
                    policy: Any = None, policy_split: str = "train", delegating_tasks: int = FIXTURE_DELEGATING_TASKS,
-                   progress: bool = False) -> dict[str, Any]:
+                   seed_tries: int = 1, progress: bool = False) -> dict[str, Any]:
     """Record the course's fixture into the folder ``out`` (written whole, then swapped in) and
     return its manifest. With the run config ``config`` (``overrides`` on top):
 
     1. the policy plays ``trees_per_task`` trees of each of the first ``policy_tasks`` easy
        tasks of ``policy_split`` (the trainer's: ``train``) at the config's temperature without
        branches (runtime seed ``policy_seed``; ``policy_max_steps`` steps per agent, None: the config's).
-       If every task's trees end alike the seed is refused (UserInputError, before the rest is
-       played): notebook 07 trains on their difference;
+       If every task's trees end alike the seed is refused and the next is tried, up to
+       ``seed_tries`` seeds (``policy_seed``, ``policy_seed + 1``, ...; the manifest's command
+       names the one kept); when none serves, UserInputError before the rest is played:
+       notebook 07 trains on their difference;
     2. the noisy expert plays ``trees_per_task`` trees of each of the first ``expert_tasks``
        medium tasks of the benchmark's evaluation split with the config's counterfactual groups
        (B branches; runtime seed ``seed``, default the config's); of their mixed groups the
@@ -268,6 +270,8 @@ def record_fixture(out: str | os.PathLike, config: str = FIXTURE_CONFIG, *, over
     from sera_core.utils.folders import sha256_file, swap_in
     from sera_core.utils.jsonio import write_jsonl
 
+    if seed_tries < 1:
+        raise UserInputError(f"seed tries: at least 1, not {seed_tries}")
     t_start, seconds = time.perf_counter(), {}
     overrides = dict(overrides or {})
     cfg = load_config(config, **overrides)
@@ -280,13 +284,18 @@ def record_fixture(out: str | os.PathLike, config: str = FIXTURE_CONFIG, *, over
     t0 = time.perf_counter()
     policy_records = pick_tasks(cfg.env, policy_split, difficulty="easy", count=policy_tasks)
     steps = {"max_steps_per_agent": policy_max_steps} if policy_max_steps else {}
-    policy_settings = cfg.rollout_settings(branches=False, seed=policy_seed, **steps)
-    own = Runtime(cfg.env, actor, policy_settings).run(policy_records, trees=k, progress=progress)
-    rewards = {t: [r.tree.root_reward for r in own if r.tree.task_id == t]
-               for t in dict.fromkeys(r.tree.task_id for r in own)}
-    if all(len(set(v)) == 1 for v in rewards.values()):
-        raise UserInputError(f"at policy seed {policy_seed} every task's trees end alike (root rewards {rewards}): "
-                         "notebook 07 needs trees whose rewards differ; try another seed")
+    first = policy_seed
+    for policy_seed in range(first, first + seed_tries):  # the seed kept is the one the manifest records
+        policy_settings = cfg.rollout_settings(branches=False, seed=policy_seed, **steps)
+        own = Runtime(cfg.env, actor, policy_settings).run(policy_records, trees=k, progress=progress)
+        rewards = {t: [r.tree.root_reward for r in own if r.tree.task_id == t]
+                   for t in dict.fromkeys(r.tree.task_id for r in own)}
+        if any(len(set(v)) > 1 for v in rewards.values()):
+            break
+    else:
+        raise UserInputError(f"at policy seed{f's {first} to' if seed_tries > 1 else ''} {policy_seed} every task's trees "
+                             f"end alike (root rewards {rewards}): notebook 07 needs trees whose rewards differ; "
+                             "try other seeds")
     seconds["policy"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()

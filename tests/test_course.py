@@ -166,7 +166,9 @@ def test_a_recorded_fixture_loads_as_typed_rollouts_and_a_damaged_file_fails_nam
     with pytest.raises(ValueError, match="at policy seed 4 every task's trees end alike"):  # refused before the rest
         record_fixture(out, **small, policy_seed=4)
     assert not out.exists()
-    manifest = record_fixture(out, **small, policy_seed=1)
+    with pytest.raises(ValueError, match="seed tries: at least 1, not 0"):
+        record_fixture(out, **small, seed_tries=0)
+    manifest = record_fixture(out, **small, policy_seed=4, seed_tries=3)  # 4 refused, 5 kept: the next is tried
     fixture = load_fixture(out, load_config("textcraft/sera_tiny.yaml", trees_per_task=2))
     assert fixture.manifest == manifest == json.loads((out / "manifest.json").read_text())
     assert manifest["config"]["hash"] == config_hash(load_config("textcraft/sera_tiny.yaml", trees_per_task=2))
@@ -178,7 +180,7 @@ def test_a_recorded_fixture_loads_as_typed_rollouts_and_a_damaged_file_fails_nam
     assert len(delegating["tasks"]) == 1 and delegating["settings"]["temperature"] == 0.0
     assert fixture.policy_delegating.delegation_events() and all(
         n.rubric and n.score for n in fixture.policy_delegating.nodes.values() if n.parent_id is not None)
-    assert manifest["code"]["sera_version"] and manifest["seeds"]["policy"] == 1 and manifest["seconds"] > 0
+    assert manifest["code"]["sera_version"] and manifest["seeds"]["policy"] == 5 and manifest["seconds"] > 0
     assert len(fixture.expert_trees) == 2 and all(isinstance(t, Tree) for t in fixture.expert_trees + fixture.policy_trees)
     (point,) = fixture.expert_points
     (rescored,) = fixture.policy_points
@@ -200,7 +202,7 @@ def test_a_recorded_fixture_loads_as_typed_rollouts_and_a_damaged_file_fails_nam
     assert (args.command, args.action, args.out, args.config, dict(_setting(s) for s in args.set)) == \
         ("course", "record", out, "textcraft/sera_tiny.yaml", {"trees_per_task": 2})
     assert (args.expert_tasks, args.points, args.policy_tasks, args.policy_split, args.seed, args.policy_seed,
-            args.policy_max_steps, args.delegating_tasks) == (1, 1, 2, "val", 0, 1, 8, 1)
+            args.policy_max_steps, args.delegating_tasks) == (1, 1, 2, "val", 0, 5, 8, 1)  # the seed kept
 
     with pytest.raises(ValueError, match="recorded with the config textcraft/sera_tiny.yaml"):
         load_fixture(out, load_config("textcraft/sera_tiny.yaml"))  # another K: another config
@@ -237,6 +239,7 @@ def test_json_lines_round_trip_gzip_with_the_same_bytes_and_name_a_damaged_file(
 
 def test_sera_course_record_hands_its_arguments_to_record_fixture(tmp_path, monkeypatch, capsys):
     import json
+    import pathlib
 
     import sera_core.course
     from sera_core.cli import main
@@ -253,7 +256,15 @@ def test_sera_course_record_hands_its_arguments_to_record_fixture(tmp_path, monk
     assert seen["out"] == tmp_path and seen["config"] == "textcraft/sera_tiny.yaml"
     assert seen["overrides"] == {"trees_per_task": 3} and seen["policy_max_steps"] is None  # 0: the config's steps
     assert (seen["points"], seen["policy_seed"], seen["policy_split"], seen["delegating_tasks"]) == (4, 0, "train", 8)
-    assert json.loads(capsys.readouterr().out.splitlines()[-1])["command"] == "course"
+    assert seen["seed_tries"] == 1 and json.loads(capsys.readouterr().out.splitlines()[-1])["command"] == "course"
+    # --unless-current: the committed fixture loads with its config and the shipped adapter, so nothing is recorded;
+    # a folder without a fixture is recorded, and the reason is printed
+    seen.clear()
+    committed = pathlib.Path(__file__).resolve().parents[1] / "notebooks" / "fixture"
+    assert main(["course", "record", "--out", str(committed), "--unless-current"]) == 0
+    assert not seen and json.loads(capsys.readouterr().out.splitlines()[-1])["recorded"] is False
+    assert main(["course", "record", "--out", str(tmp_path / "new"), "--unless-current", "--policy-seed-tries", "4"]) == 0
+    assert seen["seed_tries"] == 4 and "recording: " in capsys.readouterr().err
 
 
 def test_the_committed_fixture_still_loads_with_the_config_it_names():
