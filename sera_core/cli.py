@@ -286,8 +286,10 @@ def cmd_tiny(args: argparse.Namespace) -> dict[str, Any]:
 
         if args.save is None:
             raise UserInputError("measure --protocol keeps its trees and results in a folder: pass --save FOLDER")
+        from sera_core.policy.vllm_backend import EngineConfig
+
         results = measure_protocol(f"vllm:{model}", args.protocol, args.sets, out=args.save, progress=True,
-                                   trees_in_flight=args.trees_in_flight)
+                                   trees_in_flight=args.trees_in_flight, engine=EngineConfig(kv_cache_gib=args.kv_cache_gib))
         return {"action": "measure", "model": str(model), **results}
     tasks = {env: measured_tasks(env, args.tasks) for env in (BENCHMARKS if args.env == "both" else (args.env,))}
     results = measure(model, tasks, groups=args.groups, points=args.points, progress=True, save=args.save)
@@ -524,6 +526,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trees-in-flight", type=int, default=None,
                    help="measure --protocol: trees played at a time across the sets (default: "
                         "sera_core.tiny.measure.TREES_IN_FLIGHT)")
+    p.add_argument("--kv-cache-gib", type=float, default=2.0,
+                   help="measure --protocol: GiB of KV cache the vLLM engine reserves on CPUs (EngineConfig.kv_cache_gib)")
     p.add_argument("--against", type=Path, default=None,
                    help="compare, ship: the shipped adapter's measurement folder (--save names the candidate's)")
     p.add_argument("--write", type=Path, default=None, help="compare: write the verdict to this JSON file (figures/warmstart.json)")

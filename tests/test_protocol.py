@@ -306,3 +306,27 @@ def test_an_experiment_folder_is_bound_to_the_adapter_its_runs_start_from(tmp_pa
     assert bind_start(tmp_path / "checkpoint", "vllm:runs/a/checkpoint")["adapter"] is None  # no adapter: the spec names it
     with pytest.raises(UserInputError, match="started from vllm:runs/a/checkpoint, no adapter; vllm:runs/b/checkpoint"):
         bind_start(tmp_path / "checkpoint", "vllm:runs/b/checkpoint")
+
+
+def test_sera_tiny_measure_hands_the_feed_and_the_engine_to_measure_protocol(tmp_path, monkeypatch, capsys):
+    """``sera tiny measure --protocol P --save DIR --trees-in-flight N --kv-cache-gib G``: the
+    shipped adapter through vLLM, N trees at a time, an engine of G GiB of KV cache; a KV cache
+    of 0 is refused before any work."""
+    import sera_core.tiny.measure
+    from sera_core.cli import main
+    from sera_core.policy.models import EMBEDDED
+
+    seen = {}
+
+    def fake(spec, protocol, sets, **kwargs):
+        seen.update(spec=spec, protocol=protocol, sets=sets, **kwargs)
+        return {"sets": {}}
+
+    monkeypatch.setattr(sera_core.tiny.measure, "measure_protocol", fake)
+    assert main(["tiny", "measure", "--protocol", "warmstart", "--save", str(tmp_path / "m"),
+                 "--trees-in-flight", "3", "--kv-cache-gib", "4"]) == 0
+    assert (seen["spec"], seen["protocol"], seen["sets"], seen["out"]) == (f"vllm:{EMBEDDED}", "warmstart", None, tmp_path / "m")
+    assert seen["trees_in_flight"] == 3 and seen["engine"].kv_cache_gib == 4.0
+    seen.clear()
+    assert main(["tiny", "measure", "--protocol", "warmstart", "--save", str(tmp_path / "m"), "--kv-cache-gib", "0"]) == 1
+    assert not seen and "kv_cache_gib > 0" in capsys.readouterr().out

@@ -206,7 +206,8 @@ def noisy_expert(noise: float | None = None, *, tokenizer: Any = None, perturb: 
                         lenient=lenient, **configs)
 
 
-def make_actor(spec: str, *, max_batch: int = 64, noise: float = 0.0, tokenizer: str | None = None) -> Any:
+def make_actor(spec: str, *, max_batch: int = 64, noise: float = 0.0, tokenizer: str | None = None,
+               engine: Any = None) -> Any:
     """The actor a policy spec names (the CLI's ``--policy``, a notebook's ``POLICY``):
 
     * ``expert``: :func:`noisy_expert` delegating on every benchmark, with ``noise`` its
@@ -223,7 +224,8 @@ def make_actor(spec: str, *, max_batch: int = 64, noise: float = 0.0, tokenizer:
       its CPU build on CPUs): an adapter merged into its base, a checkpoint's weights pushed.
 
     Token-level policies are batched (``hf``: ``max_batch`` sequences per call; ``vllm``:
-    continuously). A spec that names nothing loadable raises
+    continuously, its engine started with ``engine``, an
+    :class:`~sera_core.policy.vllm_backend.EngineConfig`, default its defaults). A spec that names nothing loadable raises
     :class:`~sera_core.utils.errors.UserInputError` saying what was expected."""
     if spec == "expert":
         tok = None
@@ -256,5 +258,5 @@ def make_actor(spec: str, *, max_batch: int = 64, noise: float = 0.0, tokenizer:
     from sera_core.policy.vllm_backend import VLLMPolicy
 
     if checkpoint is None:
-        return PolicyActor(VLLMPolicy(path), max_batch=max_batch)
-    return PolicyActor(checkpoint_engine(checkpoint), max_batch=max_batch)
+        return PolicyActor(VLLMPolicy(path, engine), max_batch=max_batch)
+    return PolicyActor(checkpoint_engine(checkpoint, engine), max_batch=max_batch)

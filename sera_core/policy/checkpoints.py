@@ -115,13 +115,14 @@ def checkpoint_policy(path: str | os.PathLike):
     return HFPolicy.from_model(*checkpoint_model(path), own=True)
 
 
-def checkpoint_engine(path: str | os.PathLike):
+def checkpoint_engine(path: str | os.PathLike, engine: Any = None):
     """A :class:`~sera_core.policy.vllm_backend.VLLMPolicy` of a trained checkpoint: an engine
-    on the run's starting model with the checkpoint's weights (:func:`checkpoint_model`) pushed."""
+    (started with ``engine``, an ``EngineConfig``; default its defaults) on the run's starting
+    model with the checkpoint's weights (:func:`checkpoint_model`) pushed."""
     from sera_core.policy.vllm_backend import VLLMPolicy
 
     start, model, _ = _checkpoint(path)
-    policy = VLLMPolicy(start)
+    policy = VLLMPolicy(start, engine)
     policy.load_weights(model.state_dict())
     return policy
 

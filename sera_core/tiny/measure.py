@@ -282,7 +282,8 @@ async def play_kept_async(runtime: Runtime, tasks: list[dict], *, progress: bool
 
 
 def measure_protocol(spec: str, protocol: str, sets: list[str] | None = None, *, out: str | os.PathLike,
-                     progress: bool = False, actor: Any = None, trees_in_flight: int | None = None) -> dict[str, Any]:
+                     progress: bool = False, actor: Any = None, trees_in_flight: int | None = None,
+                     engine: Any = None) -> dict[str, Any]:
     """The policy ``spec`` (:func:`~sera_core.agents.actors.make_actor`: ``vllm:tiny``,
     ``vllm:FOLDER``, ``hf:FOLDER``) measured on ``sets`` (default: :func:`default_sets`) of the frozen
     ``protocol`` (docs/protocol.md), at its contract's caps, into ``out/results.json``:
@@ -308,7 +309,9 @@ def measure_protocol(spec: str, protocol: str, sets: list[str] | None = None, *,
     ``results.json`` also records the adapter the spec plays (:func:`measured_adapter`: the
     sha256 of its weights, its recipe hash); a rerun whose spec now names other weights (the
     shipped adapter replaced since) is refused rather than mixing two adapters in one file.
-    ``actor``: an actor already made (e.g. a noisy expert), recorded under the name ``spec``."""
+    ``actor``: an actor already made (e.g. a noisy expert), recorded under the name ``spec``;
+    else ``engine`` (an :class:`~sera_core.policy.vllm_backend.EngineConfig`) starts the spec's
+    vLLM engine (``sera tiny measure --kv-cache-gib``)."""
     from sera_core.agents.actors import make_actor
     from sera_core.eval.protocol import bind_protocol, load_protocol, protocol_tasks
 
@@ -331,7 +334,7 @@ def measure_protocol(spec: str, protocol: str, sets: list[str] | None = None, *,
     todo = [name for name in sets if name not in results["sets"]]
     if not todo:
         return results
-    actor = actor or make_actor(spec)
+    actor = actor or make_actor(spec, engine=engine)
     contract = chosen["contract"]
     t0 = time.perf_counter()
 
