@@ -202,6 +202,21 @@ class Fixture:
     tried delegated, or the fixture was recorded without them (``manifest["delegating"]`` says
     which and how many were tried)."""
 
+    def delegating_words(self) -> str:
+        """One sentence on :attr:`policy_delegating`: which tree it is, of how many medium tasks
+        tried and how many delegated; or why there is none (no task delegated, or the fixture was
+        recorded without the step, and the command that records it)."""
+        tried = self.manifest.get("delegating")
+        if tried is None:
+            return (f"not recorded: this fixture was recorded without the policy's delegating tree (before the "
+                    f"step existed, or with --delegating-tasks 0); `{self.manifest['command']} --delegating-tasks "
+                    f"{FIXTURE_DELEGATING_TASKS}` records one")
+        n, delegated = len(tried["tasks"]), len(tried["delegated"])
+        if self.policy_delegating is None:
+            return f"none: the policy's greedy root delegated on none of the {n} {tried['difficulty']} tasks tried"
+        return (f"tree {tried['kept']}: the first of the {delegated} greedy trees, of {n} {tried['difficulty']} "
+                f"{tried['split']} tasks tried, whose root delegated")
+
     def rollouts(self, part: str = "expert") -> list[Any]:
         """The trees of ``part`` (``expert`` or ``policy``) as :class:`~sera_core.agents.runtime.Rollout` s,
         each with its kept delegation points."""

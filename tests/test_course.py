@@ -180,6 +180,15 @@ def test_a_recorded_fixture_loads_as_typed_rollouts_and_a_damaged_file_fails_nam
     assert len(delegating["tasks"]) == 1 and delegating["settings"]["temperature"] == 0.0
     assert fixture.policy_delegating.delegation_events() and all(
         n.rubric and n.score for n in fixture.policy_delegating.nodes.values() if n.parent_id is not None)
+    assert fixture.delegating_words() == (f"tree {delegating['kept']}: the first of the 1 greedy trees, of 1 medium "
+                                          "val tasks tried, whose root delegated")  # what notebook 00 prints
+    none = dataclasses.replace(fixture, policy_delegating=None,
+                               manifest={**manifest, "delegating": {**delegating, "delegated": [], "kept": None}})
+    assert none.delegating_words() == "none: the policy's greedy root delegated on none of the 1 medium tasks tried"
+    older = dataclasses.replace(fixture, policy_delegating=None, manifest={**manifest, "delegating": None})
+    assert older.delegating_words().startswith("not recorded: this fixture was recorded without the policy's delegating "
+                                                "tree") and older.delegating_words().endswith(
+        f"`{manifest['command']} --delegating-tasks 8` records one")
     assert manifest["code"]["sera_version"] and manifest["seeds"]["policy"] == 5 and manifest["seconds"] > 0
     assert len(fixture.expert_trees) == 2 and all(isinstance(t, Tree) for t in fixture.expert_trees + fixture.policy_trees)
     (point,) = fixture.expert_points
