@@ -90,11 +90,12 @@ tiny: setup  ## Rebuild the embedded policy's LoRA adapter from the recipe its m
 tiny-epoch: setup  ## The one-epoch warm start: every demonstration once (about 10 h on 2 cores in float32; rerun to resume; run it under nohup)
 	$(BIN)/sera tiny build --epoch --no-recompute
 
+# -k: a failed job (a measurement, a dev run, the fixture) stops none of those beside it; a rerun redoes only what failed.
 background: tiny-epoch  ## The long CPU pipeline, each step resumable (rerun it after any stop, under nohup): the epoch build, both adapters measured under the warmstart protocol (side by side, one core each), the verdict -> figures/warmstart.json, the epoch adapter shipped if the rule says so, then (two at a time, one core each) the course fixture re-recorded if the shipped adapter changed and the learning protocol's dev runs
-	$(MAKE) -j2 warmstart-shipped warmstart-epoch
+	$(MAKE) -k -j2 warmstart-shipped warmstart-epoch
 	$(BIN)/sera tiny compare --save runs/warmstart/epoch --against runs/warmstart/shipped --write figures/warmstart.json
 	$(BIN)/sera tiny ship --save runs/warmstart/epoch --against runs/warmstart/shipped
-	$(MAKE) -j2 course-fixture $(LEARNING_DEV)
+	$(MAKE) -k -j2 course-fixture $(LEARNING_DEV)
 
 # The fixture's manifest command (notebooks/fixture/manifest.json), its policy seed searched from 0 until a task's
 # trees end differently (notebook 07 trains on the difference); nothing is recorded while the fixture is current.
@@ -118,7 +119,7 @@ warmstart-epoch: setup
 
 LEARNING_DEV = learning-dev-curve1 learning-dev-curve2 learning-dev-ablation
 learning-dev: setup  ## The learning protocol's dev runs on the shipped adapter (docs/protocol.md), two at a time, one core each: curve 1 on points_dev, curve 2 on textcraft_easy_dev, the ablation's budget on points_dev; they choose what the test runs then report once
-	$(MAKE) -j2 $(LEARNING_DEV)
+	$(MAKE) -k -j2 $(LEARNING_DEV)
 
 learning-dev-curve1: setup
 	mkdir -p runs/learning
