@@ -99,7 +99,7 @@ background: tiny-epoch  ## The long CPU pipeline, each step resumable (rerun it 
 
 # The fixture's manifest command (notebooks/fixture/manifest.json), its policy seed searched from 0 until a task's
 # trees end differently (notebook 07 trains on the difference); nothing is recorded while the fixture is current.
-course-fixture: setup  ## Re-record the course fixture (notebooks/fixture, about 35 min on one core) if the adapter shipped now did not play it
+course-fixture: setup  ## Re-record the course fixture (notebooks/fixture, about 35 min on one core) unless the adapter shipped now recorded it with these arguments
 	mkdir -p runs/course
 	OMP_NUM_THREADS=1 $(BIN)/sera course record --out notebooks/fixture --config textcraft/sera_tiny.yaml --expert-tasks 2 \
 	  --points 4 --policy-tasks 2 --policy-split train --seed 0 --policy-seed 0 --policy-seed-tries 8 --policy-max-steps 8 \

@@ -288,8 +288,11 @@ def cmd_tiny(args: argparse.Namespace) -> dict[str, Any]:
             raise UserInputError("measure --protocol keeps its trees and results in a folder: pass --save FOLDER")
         from sera_core.policy.vllm_backend import EngineConfig
 
+        if args.kv_cache_gib is not None and not args.kv_cache_gib > 0:
+            raise UserInputError(f"--kv-cache-gib: a size in GiB above 0, not {args.kv_cache_gib}")
+        engine = EngineConfig(kv_cache_gib=args.kv_cache_gib) if args.kv_cache_gib is not None else None
         results = measure_protocol(f"vllm:{model}", args.protocol, args.sets, out=args.save, progress=True,
-                                   trees_in_flight=args.trees_in_flight, engine=EngineConfig(kv_cache_gib=args.kv_cache_gib))
+                                   trees_in_flight=args.trees_in_flight, engine=engine)
         return {"action": "measure", "model": str(model), **results}
     tasks = {env: measured_tasks(env, args.tasks) for env in (BENCHMARKS if args.env == "both" else (args.env,))}
     results = measure(model, tasks, groups=args.groups, points=args.points, progress=True, save=args.save)
@@ -345,23 +348,17 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_course(args: argparse.Namespace) -> dict[str, Any]:
     from sera_core import course
 
-    overrides = dict(_setting(text) for text in args.set or [])
-    if args.unless_current:  # the fixture there loads with this config and was played by the adapter shipped now
-        from sera_core.train.config import load_config
-
-        try:
-            manifest = course.load_fixture(args.out, load_config(args.config, **overrides)).manifest
-        except UserInputError as why:
-            print(f"recording: {why}", file=sys.stderr)
-        else:
-            return {"action": "record", "out": str(args.out), "recorded": False, "config_hash": manifest["config"]["hash"],
-                    "why": "current: it loads with this config and the adapter that played it is the one shipped now"}
-    manifest = course.record_fixture(args.out, args.config, overrides=overrides,
-                                     expert_tasks=args.expert_tasks, points=args.points, policy_tasks=args.policy_tasks,
-                                     seed=args.seed, policy_seed=args.policy_seed,
-                                     policy_max_steps=args.policy_max_steps or None, policy_split=args.policy_split,
-                                     delegating_tasks=args.delegating_tasks, seed_tries=args.policy_seed_tries,
-                                     progress=True)
+    recording = dict(overrides=dict(_setting(text) for text in args.set or []), expert_tasks=args.expert_tasks,
+                     points=args.points, policy_tasks=args.policy_tasks, seed=args.seed, policy_seed=args.policy_seed,
+                     policy_max_steps=args.policy_max_steps or None, policy_split=args.policy_split,
+                     delegating_tasks=args.delegating_tasks, seed_tries=args.policy_seed_tries)
+    if args.unless_current:
+        why = course.stale_fixture(args.out, args.config, **recording)
+        if why is None:
+            return {"action": "record", "out": str(args.out), "recorded": False,
+                    "why": "current: recorded with these arguments by the adapter shipped now"}
+        print(f"recording: {why}", file=sys.stderr)
+    manifest = course.record_fixture(args.out, args.config, **recording, progress=True)
     return {"action": "record", "out": str(args.out), "recorded": True, "config_hash": manifest["config"]["hash"],
             "points": manifest["expert"]["groups"], "policy_root_rewards": manifest["policy"]["root_rewards"],
             "bytes": manifest["bytes"], "seconds": manifest["seconds"]}
@@ -526,8 +523,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trees-in-flight", type=int, default=None,
                    help="measure --protocol: trees played at a time across the sets (default: "
                         "sera_core.tiny.measure.TREES_IN_FLIGHT)")
-    p.add_argument("--kv-cache-gib", type=float, default=2.0,
-                   help="measure --protocol: GiB of KV cache the vLLM engine reserves on CPUs (EngineConfig.kv_cache_gib)")
+    p.add_argument("--kv-cache-gib", type=float, default=None,
+                   help="measure --protocol: GiB of KV cache the vLLM engine reserves on CPUs (default: "
+                        "EngineConfig.kv_cache_gib's)")
     p.add_argument("--against", type=Path, default=None,
                    help="compare, ship: the shipped adapter's measurement folder (--save names the candidate's)")
     p.add_argument("--write", type=Path, default=None, help="compare: write the verdict to this JSON file (figures/warmstart.json)")
@@ -567,8 +565,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="policy seeds tried from --policy-seed on, until a task's trees end differently (the "
                         "manifest's command names the seed kept)")
     p.add_argument("--unless-current", action="store_true",
-                   help="record nothing when the fixture at --out loads with this config and was played by the "
-                        "adapter shipped now (make course-fixture, after `sera tiny ship`)")
+                   help="record nothing when the fixture at --out was recorded with these arguments by the adapter "
+                        "shipped now (make course-fixture, after `sera tiny ship`)")
     p.set_defaults(func=cmd_course)
 
     p = sub.add_parser("export", help="write a training checkpoint's model as a Hugging Face folder")

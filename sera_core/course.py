@@ -367,6 +367,9 @@ def record_fixture(out: str | os.PathLike, config: str = FIXTURE_CONFIG, *, over
     metrics = {"expert": point_metrics(kept), "policy": point_metrics(rescored)}
     manifest = {
         "format": FIXTURE_FORMAT, "command": " ".join(command),
+        "arguments": recording_arguments(config, overrides, expert_tasks=expert_tasks, points=points,
+                                         policy_tasks=policy_tasks, policy_split=policy_split, seed=seed,
+                                         policy_max_steps=policy_max_steps, delegating_tasks=delegating_tasks),
         "config": {"name": config, "overrides": overrides, "hash": config_hash(cfg), "values": cfg.to_json()},
         "seeds": {"expert": seed, "rescore": seed, "policy": policy_seed, "engine": cfg.seed},
         "model": model_identity(cfg) | {"dtype": "float32"} if policy is None else {"actor": type(policy).__name__},
@@ -387,6 +390,46 @@ def record_fixture(out: str | os.PathLike, config: str = FIXTURE_CONFIG, *, over
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     swap_in(tmp, out)
     return manifest
+
+
+def recording_arguments(config: str, overrides: dict[str, Any], *, expert_tasks: int, points: int, policy_tasks: int,
+                        policy_split: str, seed: int, policy_max_steps: int | None,
+                        delegating_tasks: int) -> dict[str, Any]:
+    """What a fixture was recorded with (its manifest's ``arguments``), but where it went and
+    the policy seed kept: what :func:`stale_fixture` compares."""
+    return {"config": config, "overrides": dict(overrides), "expert_tasks": expert_tasks, "points": points,
+            "policy_tasks": policy_tasks, "policy_split": policy_split, "seed": seed,
+            "policy_max_steps": policy_max_steps or 0, "delegating_tasks": delegating_tasks}
+
+
+def stale_fixture(out: str | os.PathLike, config: str = FIXTURE_CONFIG, *, overrides: dict[str, Any] | None = None,
+                  expert_tasks: int = 2, points: int = 4, policy_tasks: int = 2, seed: int | None = None,
+                  policy_seed: int = FIXTURE_POLICY_SEED, seed_tries: int = 1,
+                  policy_max_steps: int | None = FIXTURE_POLICY_STEPS, policy_split: str = "train",
+                  delegating_tasks: int = FIXTURE_DELEGATING_TASKS) -> str | None:
+    """Why the fixture at ``out`` is not the one :func:`record_fixture` with these arguments
+    would record, or None when it is (``sera course record --unless-current``): it is missing,
+    damaged, recorded with another config or played by another adapter than the shipped one
+    (:func:`load_fixture`'s reasons), recorded with other arguments (an older fixture records
+    none), or kept a policy seed these arguments would not try."""
+    from sera_core.train.config import load_config
+
+    overrides = dict(overrides or {})
+    cfg = load_config(config, **overrides)
+    try:
+        manifest = load_fixture(out, cfg).manifest
+        kept = manifest["seeds"]["policy"]
+        recorded = manifest.get("arguments")
+    except (ValueError, KeyError, OSError) as why:  # UserInputError is a ValueError; so is a damaged JSON file
+        return str(why) or type(why).__name__
+    want = recording_arguments(config, overrides, expert_tasks=expert_tasks, points=points, policy_tasks=policy_tasks,
+                               policy_split=policy_split, seed=cfg.seed if seed is None else seed,
+                               policy_max_steps=policy_max_steps, delegating_tasks=delegating_tasks)
+    if recorded != want:
+        return f"{out} was recorded with {recorded or 'arguments it does not record'}, not {want}"
+    if not policy_seed <= kept < policy_seed + seed_tries:
+        return f"{out} kept policy seed {kept}, not one of the {seed_tries} tried from {policy_seed}"
+    return None
 
 
 def load_fixture(path: str | os.PathLike = FIXTURE, config: Any = None) -> Fixture:

@@ -157,7 +157,7 @@ def test_a_recorded_fixture_loads_as_typed_rollouts_and_a_damaged_file_fails_nam
     from sera_core.agents.points import DelegationPoint
     from sera_core.agents.tree import Tree
     from sera_core.cli import _setting, build_parser
-    from sera_core.course import DELEGATING_FILE, FIXTURE_FILES, config_hash, load_fixture, record_fixture
+    from sera_core.course import DELEGATING_FILE, FIXTURE_FILES, config_hash, load_fixture, record_fixture, stale_fixture
     from sera_core.train.config import load_config
 
     out = tmp_path / "fixture"
@@ -186,6 +186,13 @@ def test_a_recorded_fixture_loads_as_typed_rollouts_and_a_damaged_file_fails_nam
                                manifest={**manifest, "delegating": {**delegating, "delegated": [], "kept": None}})
     assert none.delegating_words() == "none: the policy's greedy root delegated on none of the 1 medium tasks tried"
     older = dataclasses.replace(fixture, policy_delegating=None, manifest={**manifest, "delegating": None})
+    recorded_with = dict(overrides={"trees_per_task": 2}, expert_tasks=1, points=1, policy_tasks=2, policy_split="val",
+                         delegating_tasks=1)
+    assert stale_fixture(out, **recorded_with, policy_seed=4, seed_tries=3) is None  # what --unless-current skips
+    assert "was recorded with" in stale_fixture(out, **{**recorded_with, "delegating_tasks": 2}, policy_seed=4, seed_tries=3)
+    assert stale_fixture(out, **recorded_with, policy_seed=6) == f"{out} kept policy seed 5, not one of the 1 tried from 6"
+    assert "was recorded with the config" in stale_fixture(out, **{**recorded_with, "overrides": {}})  # load_fixture's
+    assert "no course fixture here" in stale_fixture(tmp_path / "nothing", **recorded_with)
     assert older.delegating_words().startswith("not recorded: this fixture was recorded without the policy's delegating "
                                                 "tree") and older.delegating_words().endswith(
         f"`{manifest['command']} --delegating-tasks 8` records one")
@@ -266,14 +273,18 @@ def test_sera_course_record_hands_its_arguments_to_record_fixture(tmp_path, monk
     assert seen["overrides"] == {"trees_per_task": 3} and seen["policy_max_steps"] is None  # 0: the config's steps
     assert (seen["points"], seen["policy_seed"], seen["policy_split"], seen["delegating_tasks"]) == (4, 0, "train", 8)
     assert seen["seed_tries"] == 1 and json.loads(capsys.readouterr().out.splitlines()[-1])["command"] == "course"
-    # --unless-current: the committed fixture loads with its config and the shipped adapter, so nothing is recorded;
-    # a folder without a fixture is recorded, and the reason is printed
+    # --unless-current: a current fixture (course.stale_fixture says None) is not recorded again; the committed
+    # fixture predates the recorded arguments, so it would be, and why is printed
     seen.clear()
-    committed = pathlib.Path(__file__).resolve().parents[1] / "notebooks" / "fixture"
-    assert main(["course", "record", "--out", str(committed), "--unless-current"]) == 0
+    monkeypatch.setattr(sera_core.course, "stale_fixture", lambda out, config, **kwargs: None)
+    assert main(["course", "record", "--out", str(tmp_path / "current"), "--unless-current"]) == 0
     assert not seen and json.loads(capsys.readouterr().out.splitlines()[-1])["recorded"] is False
-    assert main(["course", "record", "--out", str(tmp_path / "new"), "--unless-current", "--policy-seed-tries", "4"]) == 0
-    assert seen["seed_tries"] == 4 and "recording: " in capsys.readouterr().err
+    monkeypatch.undo()
+    monkeypatch.setattr(sera_core.course, "record_fixture", fake)
+    committed = pathlib.Path(__file__).resolve().parents[1] / "notebooks" / "fixture"
+    assert main(["course", "record", "--out", str(committed), "--unless-current", "--policy-seed-tries", "4"]) == 0
+    err = capsys.readouterr().err
+    assert seen["seed_tries"] == 4 and "recording: " in err and "arguments it does not record" in err
 
 
 def test_the_committed_fixture_still_loads_with_the_config_it_names():

@@ -328,5 +328,7 @@ def test_sera_tiny_measure_hands_the_feed_and_the_engine_to_measure_protocol(tmp
     assert (seen["spec"], seen["protocol"], seen["sets"], seen["out"]) == (f"vllm:{EMBEDDED}", "warmstart", None, tmp_path / "m")
     assert seen["trees_in_flight"] == 3 and seen["engine"].kv_cache_gib == 4.0
     seen.clear()
-    assert main(["tiny", "measure", "--protocol", "warmstart", "--save", str(tmp_path / "m"), "--kv-cache-gib", "0"]) == 1
-    assert not seen and "kv_cache_gib > 0" in capsys.readouterr().out
+    assert main(["tiny", "measure", "--protocol", "warmstart", "--save", str(tmp_path / "m"), "--kv-cache-gib", "0"]) == 2
+    assert not seen and "--kv-cache-gib: a size in GiB above 0, not 0.0" in capsys.readouterr().out
+    assert main(["tiny", "measure", "--protocol", "warmstart", "--save", str(tmp_path / "m")]) == 0
+    assert seen["engine"] is None  # the engine's own default

@@ -360,6 +360,15 @@ def test_a_gate_holds_its_slots_and_admits_round_robin_by_rank():
     assert after == ["last"] and free == 2  # every slot back
     with pytest.raises(ValueError, match="at least 1 slot"):
         Gate(0)
+    used = Gate(1)
+
+    async def enter():
+        async with used.hold():
+            pass
+
+    asyncio.run(enter())
+    with pytest.raises(RuntimeError, match="one event loop"):  # another asyncio.run: another loop
+        asyncio.run(enter())
 
 
 # -- adversarial model output ---------------------------------------------------------------------

@@ -77,15 +77,21 @@ class Gate:
         self._waiting: list[tuple[Any, int, asyncio.Future]] = []
         self._order = itertools.count()
         self._dispatching = False
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @asynccontextmanager
     async def hold(self, rank: Any = 0) -> AsyncIterator[None]:
-        """Hold one slot for the body of an ``async with``."""
-        granted = asyncio.get_running_loop().create_future()
+        """Hold one slot for the body of an ``async with`` (in one event loop: a gate is not
+        thread-safe, so a second loop is refused)."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not None and self._loop is not loop:
+            raise RuntimeError("a Gate serves one event loop; make one per loop")
+        self._loop = loop
+        granted = loop.create_future()
         heapq.heappush(self._waiting, (rank, next(self._order), granted))
         if self._free and not self._dispatching:  # after the coroutines ready now have queued too
             self._dispatching = True
-            asyncio.get_running_loop().call_soon(self._dispatch)
+            loop.call_soon(self._dispatch)
         try:
             await granted
         except asyncio.CancelledError:
