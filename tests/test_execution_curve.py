@@ -247,3 +247,19 @@ def test_a_protocol_binds_the_folder_and_a_changed_one_is_refused_before_any_wor
                               "textcraft_easy_test"], capture_output=True, text=True, timeout=300)
     assert refused.returncode != 0 and "measures set 'textcraft_easy_dev' of learning, not 'textcraft_easy_test'" in refused.stderr
     assert not (out / "before").exists()
+
+
+def test_a_training_override_given_to_the_script_wins_over_its_defaults(tmp_path, monkeypatch):
+    """``--set difficulties=[medium]`` (``make learning-dev-curve2-medium``): the seed's ``sera train``
+    command ends with it, and the CLI reads the last setting of a key, so the run trains on medium
+    tasks instead of the script's easy ones."""
+    from sera_core.cli import _setting, build_parser
+
+    commands = []
+    monkeypatch.setitem(SCRIPT["run_seed"].__globals__, "sera", lambda *args: commands.append(args))
+    args = argparse.Namespace(updates=2, select_every=None, max_craft_steps=None, start="tiny",
+                              set=["difficulties=[medium]"], val_curve=False)
+    SCRIPT["run_seed"](args, tmp_path, 0, tmp_path / "medium_val.jsonl")
+    train = build_parser().parse_args(list(commands[0]))
+    assert train.command == "train" and dict(_setting(s) for s in train.set)["difficulties"] == ["medium"]
+    assert commands[1][0] == "eval"  # then the after, on the tasks given
