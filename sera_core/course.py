@@ -217,6 +217,23 @@ class Fixture:
         return (f"tree {tried['kept']}: the first of the {delegated} greedy trees, of {n} {tried['difficulty']} "
                 f"{tried['split']} tasks tried, whose root delegated")
 
+    def delegating_view(self) -> str:
+        """What notebooks 00 and 07 print of :attr:`policy_delegating`: :meth:`delegating_words`,
+        then, when there is a tree, the tree (:func:`~sera_core.agents.view.render_tree`) and the
+        first child it graded against a rubric it wrote, with that rubric and score
+        (:func:`~sera_core.agents.view.render_rubric`)."""
+        from sera_core.agents.view import render_rubric, render_tree
+
+        lines = [self.delegating_words()]
+        own = self.policy_delegating
+        if own is not None:
+            lines.append(render_tree(own))
+            graded = [n for n in own.nodes.values() if n.parent_id is not None and n.rubric]
+            if graded:
+                lines += [f"\nChild {graded[0].node_id}, graded by the policy against its own rubric:",
+                          render_rubric(graded[0].rubric, graded[0].score)]
+        return "\n".join(lines)
+
     def rollouts(self, part: str = "expert") -> list[Any]:
         """The trees of ``part`` (``expert`` or ``policy``) as :class:`~sera_core.agents.runtime.Rollout` s,
         each with its kept delegation points."""

@@ -157,6 +157,7 @@ def test_a_recorded_fixture_loads_as_typed_rollouts_and_a_damaged_file_fails_nam
     from sera_core.agents.points import DelegationPoint
     from sera_core.agents.tree import Tree
     from sera_core.cli import _setting, build_parser
+    from sera_core.agents.view import render_tree
     from sera_core.course import DELEGATING_FILE, FIXTURE_FILES, config_hash, load_fixture, record_fixture, stale_fixture
     from sera_core.train.config import load_config
 
@@ -181,10 +182,14 @@ def test_a_recorded_fixture_loads_as_typed_rollouts_and_a_damaged_file_fails_nam
     assert fixture.policy_delegating.delegation_events() and all(
         n.rubric and n.score for n in fixture.policy_delegating.nodes.values() if n.parent_id is not None)
     assert fixture.delegating_words() == (f"tree {delegating['kept']}: the first of the 1 greedy trees, of 1 medium "
-                                          "val tasks tried, whose root delegated")  # what notebook 00 prints
+                                          "val tasks tried, whose root delegated")
+    view = fixture.delegating_view()  # what notebook 00 prints: the words, the tree, a graded child's rubric and score
+    assert view.startswith(fixture.delegating_words() + "\n") and "graded by the policy against its own rubric" in view
+    assert render_tree(fixture.policy_delegating) in view
     none = dataclasses.replace(fixture, policy_delegating=None,
                                manifest={**manifest, "delegating": {**delegating, "delegated": [], "kept": None}})
     assert none.delegating_words() == "none: the policy's greedy root delegated on none of the 1 medium tasks tried"
+    assert none.delegating_view() == none.delegating_words()  # nothing more to show
     older = dataclasses.replace(fixture, policy_delegating=None, manifest={**manifest, "delegating": None})
     recorded_with = dict(overrides={"trees_per_task": 2}, expert_tasks=1, points=1, policy_tasks=2, policy_split="val",
                          delegating_tasks=1)
