@@ -88,7 +88,7 @@ tiny: setup  ## Rebuild the embedded policy's LoRA adapter from the recipe its m
 	$(BIN)/sera tiny measure --out sera_core/assets/embedded --record
 
 tiny-epoch: setup  ## The one-epoch warm start: every demonstration once (about 10 h on 2 cores in float32; rerun to resume; run it under nohup)
-	$(BIN)/sera tiny build --epoch --no-recompute
+	$(BIN)/sera tiny build --epoch --no-recompute --carry builds
 
 # -k: a failed job (a measurement, a dev run, the fixture) stops none of those beside it; a rerun redoes only what failed.
 background: tiny-epoch  ## The long CPU pipeline, each step resumable (rerun it after any stop, under nohup): the epoch build, both adapters measured under the warmstart protocol (side by side, one core each), the verdict -> figures/warmstart.json, the epoch adapter shipped if the rule says so, then (two at a time, one core each) the course fixture re-recorded if the shipped adapter changed and the learning protocol's dev runs

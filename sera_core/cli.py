@@ -248,7 +248,7 @@ def cmd_tiny(args: argparse.Namespace) -> dict[str, Any]:
         if args.plan:
             return {"action": "plan", **plan_build(recipe, progress=True)}
         out = args.out or built_folder(recipe)
-        manifest = build_adapter(recipe, out, progress=True, recompute=not args.no_recompute)
+        manifest = build_adapter(recipe, out, progress=True, recompute=not args.no_recompute, carry=args.carry)
         return {"action": "build", "out": str(out), "recipe_hash": manifest["recipe_hash"],
                 "parameters": manifest["parameters"], "build_seconds": manifest["build_seconds"],
                 "final_loss": manifest["training"]["final_loss"], "adapter_sha256": manifest["adapter_sha256"]}
@@ -492,6 +492,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-recompute", action="store_true",
                    help="build: keep activations instead of recomputing them in the backward pass (faster, more memory; "
                         "the same adapter)")
+    p.add_argument("--carry", type=Path, default=None,
+                   help="build: mirror each checkpoint into CARRY/<recipe hash>/sft and resume from there where it is "
+                        "further on than the work folder (commit CARRY to carry a build of hours to another machine); "
+                        "the finished adapter is left in CARRY/<recipe hash>/adapter")
     p.add_argument("--perturb", type=float, default=None,
                    help="build: share of the expert's turns replaced by harmless mistakes it recovers from (recovery "
                         "demonstrations; 0: the shipped recipe)")

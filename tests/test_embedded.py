@@ -9,6 +9,7 @@ LoRA training, resume, manifest, loading, training checkpoints) runs in seconds.
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -394,6 +395,34 @@ def test_a_packed_epoch_build_sees_every_demonstration_once_and_resumes_exactly(
     assert again["build_seconds"] >= again["training"]["seconds"] >= 86400.0  # the manifest's time spans every run
     assert (tmp_path / "part" / "adapter_model.safetensors").read_bytes() == \
         (tmp_path / "whole" / "adapter_model.safetensors").read_bytes()
+
+
+def test_a_build_carried_to_a_new_machine_resumes_from_the_committed_checkpoint(stand_in, tmp_path):
+    """``carry`` (the repository's ``builds/``): a build stopped after step 4 mirrors its
+    checkpoint of step 3 there; on a "new machine" (no work folder, another ``out``) it resumes
+    from the carried checkpoint, not from step 0, to the uninterrupted build's adapter byte for
+    byte, and leaves the finished folder and its loss curve in the carry instead of the
+    checkpoint. A third machine copies the carried adapter instead of building again."""
+    whole = build_adapter(SMALL_EPOCH, tmp_path / "whole", base=stand_in, progress=False)
+    carry = tmp_path / "builds"
+    here = carry / SMALL_EPOCH.config_hash()
+    assert build_adapter(SMALL_EPOCH, tmp_path / "a", base=stand_in, progress=False, stop_after=4, carry=carry) is None
+    assert json.loads((here / "sft" / "checkpoint" / "state.json").read_text())["step"] == 3
+    carried = (here / "sft" / "loss.csv").read_text()  # the rows up to the checkpoint (step 4's came after it)
+    assert carried.count("\n") > 1 and (tmp_path / "a.work" / "sft" / "loss.csv").read_text().startswith(carried)
+    shutil.rmtree(tmp_path / "a.work")  # the first machine is gone; only the carry (committed) is left
+    moved = build_adapter(SMALL_EPOCH, tmp_path / "b", base=stand_in, progress=False, carry=carry)
+    assert moved["training"]["resumed_from"] == 3
+    assert (tmp_path / "b" / "adapter_model.safetensors").read_bytes() == \
+        (tmp_path / "whole" / "adapter_model.safetensors").read_bytes()
+    assert sorted(p.name for p in here.iterdir()) == ["adapter"]  # the checkpoint is dropped once the build ends
+    rows = [r.split(",") for r in (here / "adapter" / "loss.csv").read_text().splitlines()[1:]]
+    assert [int(r[0]) for r in rows] == sorted({*range(SMALL_EPOCH.sft.log_every, moved["training"]["total_steps"] + 1,
+                                                       SMALL_EPOCH.sft.log_every), moved["training"]["total_steps"]})
+    assert float(rows[-1][1]) == moved["training"]["final_loss"] == whole["training"]["final_loss"]
+    third = build_adapter(SMALL_EPOCH, tmp_path / "c", base=stand_in, progress=False, carry=carry)
+    assert third == moved and third["adapter_sha256"] == whole["adapter_sha256"]
+    assert not (tmp_path / "c.work").exists() and not (tmp_path / "c" / "loss.csv").exists()
 
 
 def test_a_recipe_that_would_teach_a_role_nothing_is_refused_before_training():

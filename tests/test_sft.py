@@ -320,3 +320,18 @@ def test_a_packed_run_learns_and_resumes_to_the_uninterrupted_run(data, tmp_path
     assert_same_weights(resumed, whole)
     assert csv_rows(tmp_path / "part") == csv_rows(tmp_path / "whole")
     assert again["precision"] == summary["precision"]  # one stretch: the same machine and precision throughout
+
+
+def test_a_carried_checkpoint_is_taken_only_where_it_is_further_on(data, tmp_path):
+    """``carry`` mirrors each checkpoint; :func:`adopt_carried` takes it into a work folder that
+    has none or an older one, and never replaces a checkpoint further on than it."""
+    from sera_core.tiny.sft import adopt_carried
+
+    carry = tmp_path / "carry"
+    run(data, tmp_path / "a", PACKED, stop_after=10, carry=carry)  # checkpoint 8, mirrored
+    assert json.loads((carry / "checkpoint" / "state.json").read_text())["step"] == 8
+    _, done = run(data, tmp_path / "a", PACKED)  # on to the end here, without the carry
+    assert not adopt_carried(tmp_path / "a", carry)  # the local checkpoint (the last step) is further on
+    assert json.loads((tmp_path / "a" / "checkpoint" / "state.json").read_text())["step"] == done["steps"]
+    assert adopt_carried(tmp_path / "fresh", carry) and csv_rows(tmp_path / "fresh") == csv_rows(carry)
+    assert not adopt_carried(tmp_path / "fresh", carry)  # taken once: now equal, not further on

@@ -50,6 +50,13 @@ steps and at the last step; ``loss`` is the mean over the steps since the previo
 ``lr`` the rate used at ``step``, ``tokens`` (learnt), ``positions`` (run through the model,
 padding excluded) and ``seconds`` are cumulative) and
 ``checkpoint/`` (``model.safetensors``, ``optimizer.pt``, ``scheduler.pt``, ``state.json``).
+
+Carrying a run across machines (``carry``)
+    A build of hours outlives the machine it started on, and a new machine starts with an
+    empty home folder. With a ``carry`` folder (in the repository, committed at a session's
+    end), every checkpoint and ``loss.csv`` are mirrored there as they are written, and a run
+    resumes from whichever of ``out_dir``'s and ``carry``'s checkpoints is further on: the
+    same resume, to the same weights, on any machine that plays the same samples.
 """
 
 from __future__ import annotations
@@ -385,6 +392,36 @@ def _save_checkpoint(out: Path, model, optimizer, scheduler, state: dict) -> Non
     swap_in(tmp, out / "checkpoint")
 
 
+def _checkpoint_step(folder: Path) -> int:
+    """The step of the checkpoint in ``folder`` (``state.json``), -1 where there is none."""
+    state = folder / "state.json"
+    return json.loads(state.read_text())["step"] if state.exists() else -1
+
+
+def mirror_checkpoint(out: Path, carry: Path) -> None:
+    """Copy ``out``'s checkpoint and ``loss.csv`` into ``carry``, each written beside and then
+    swapped in, ``loss.csv`` first: ``carry`` never holds half a checkpoint, and its
+    ``loss.csv`` is never behind its checkpoint (rows ahead are dropped at resume)."""
+    carry.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(out / "loss.csv", carry / "loss.csv.tmp")
+    os.replace(carry / "loss.csv.tmp", carry / "loss.csv")
+    tmp = carry / "checkpoint.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(out / "checkpoint", tmp)
+    swap_in(tmp, carry / "checkpoint")
+
+
+def adopt_carried(out: Path, carry: Path) -> bool:
+    """Take ``carry``'s checkpoint and ``loss.csv`` into ``out`` where it is further on than
+    ``out``'s own (a fresh machine, or an older local copy); return whether it did."""
+    ours = max(_checkpoint_step(out / "checkpoint"), _checkpoint_step(out / "checkpoint.old"))
+    if _checkpoint_step(carry / "checkpoint") <= ours:
+        return False
+    mirror_checkpoint(carry, out)
+    shutil.rmtree(out / "checkpoint.old", ignore_errors=True)
+    return True
+
+
 def _reset_csv(path: Path, step: int | None) -> None:
     """Start ``loss.csv`` afresh (``step`` None) or keep its complete rows up to ``step``."""
     rows = path.read_text().splitlines(keepends=True)[1:] if step is not None and path.exists() else []
@@ -394,13 +431,15 @@ def _reset_csv(path: Path, step: int | None) -> None:
 
 
 def train_sft(model, samples: Sequence[Sample], cfg: SFTConfig, out_dir: str | os.PathLike, *, resume: bool = True,
-              progress: bool = True, pad_id: int = 0, stop_after: int | None = None, marker: Sequence[int] = ()) -> dict:
+              progress: bool = True, pad_id: int = 0, stop_after: int | None = None, marker: Sequence[int] = (),
+              carry: str | os.PathLike | None = None) -> dict:
     """Train ``model`` in place on ``samples`` (see the module docstring); return a summary.
 
     ``resume``: continue from ``out_dir/checkpoint`` if there is one (its config and
     samples must match). ``stop_after``: return after that step (to simulate an
     interruption; the run resumes from the last checkpoint). ``marker``: the tokens that
-    stand for a cut (:func:`fit`). Summary: ``steps`` done (of ``total_steps``),
+    stand for a cut (:func:`fit`). ``carry``: a folder that mirrors every checkpoint and
+    is resumed from where it is further on than ``out_dir`` (module docstring). Summary: ``steps`` done (of ``total_steps``),
     ``first_loss`` (step 1), ``final_loss`` (the last ``loss.csv`` row, None before one),
     ``tokens`` (completion tokens trained on), ``positions`` (sequence positions run through
     the model, padding excluded), ``seconds`` (training time, all cumulative over resumes),
@@ -414,6 +453,8 @@ def train_sft(model, samples: Sequence[Sample], cfg: SFTConfig, out_dir: str | o
         raise ValueError("train_sft needs at least one sample")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if carry is not None and resume:
+        adopt_carried(out, Path(carry))
     config, digest = json.loads(json.dumps(asdict(cfg))), samples_sha256(samples)
     precision = cfg.mixed_precision if cfg.mixed_precision != "auto" else ("bf16" if native_bf16() else "no")
     plan = packed_steps([len(fit(s, cfg.max_len, marker)[0]) for s in samples], cfg) if cfg.tokens_per_step else None
@@ -472,6 +513,8 @@ def train_sft(model, samples: Sequence[Sample], cfg: SFTConfig, out_dir: str | o
         if step % cfg.checkpoint_every == 0 or step == total_steps:
             _save_checkpoint(out, accelerator.unwrap_model(model), optimizer, scheduler,
                              {**state, "config": config, "samples_sha256": digest, "total_steps": total_steps})
+            if carry is not None:
+                mirror_checkpoint(out, Path(carry))
         bar.update(1)
         bar.set_postfix(loss=f"{value:.4f}", pos_per_s=f"{(state['positions']) / max(state['seconds'], 1e-9):.0f}")
     bar.close()

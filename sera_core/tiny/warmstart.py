@@ -215,21 +215,39 @@ def lora_model(model, lora: LoraSettings, seed: int, *, recompute: bool = True):
 
 
 def build_adapter(recipe: WarmStartRecipe, out: str | os.PathLike, *, base: str | os.PathLike | None = None,
-                  progress: bool = True, stop_after: int | None = None, recompute: bool = True) -> dict | None:
+                  progress: bool = True, stop_after: int | None = None, recompute: bool = True,
+                  carry: str | os.PathLike | None = None) -> dict | None:
     """Run ``recipe`` on ``base`` (default: the embedded base model) into ``out``; return
     the manifest (None when ``stop_after`` stopped the training early; a rerun resumes).
     ``recompute``: activation checkpointing (an operational choice: the same adapter).
     An ``out`` that already holds this recipe's adapter on the same base is returned as it is,
     without any work: a pipeline that runs the build, then what uses it (``make background``),
-    can be rerun from the top after an interruption."""
+    can be rerun from the top after an interruption.
+
+    ``carry``: a folder that carries the build from machine to machine (the repository's
+    ``builds/``, committed at each session's end: a new machine starts with an empty home
+    folder). While it trains, ``carry/<recipe hash>/sft`` mirrors each checkpoint and
+    ``loss.csv`` and is resumed from where it is further on than the work folder's
+    (:func:`sera_core.tiny.sft.train_sft`); once it has ended, ``carry/<recipe hash>/adapter``
+    holds the finished folder and its ``loss.csv`` (the checkpoint is dropped), which a later
+    call copies into ``out`` instead of building again."""
     from transformers import AutoModelForCausalLM
 
     out = Path(out)
     name = BASE_NAME if base is None else str(base)
-    if (out / "manifest.json").is_file():
-        built = read_manifest(out)
-        if built.get("recipe_hash") == recipe.config_hash() and built.get("base", {}).get("name") == name:
-            return built
+    carried = Path(carry) / recipe.config_hash() if carry is not None else None
+
+    def finished(folder: Path) -> dict | None:
+        built = read_manifest(folder) if (folder / "manifest.json").is_file() else {}
+        return built if built.get("recipe_hash") == recipe.config_hash() and built.get("base", {}).get("name") == name else None
+
+    if (built := finished(out)) is not None:
+        return built
+    if carried is not None and finished(carried / "adapter") is not None:
+        shutil.rmtree(out.with_name(out.name + ".tmp"), ignore_errors=True)
+        shutil.copytree(carried / "adapter", out.with_name(out.name + ".tmp"), ignore=shutil.ignore_patterns("loss.csv"))
+        swap_in(out.with_name(out.name + ".tmp"), out)
+        return read_manifest(out)
     work, tmp = out.with_name(out.name + ".work"), out.with_name(out.name + ".tmp")
     t0 = time.perf_counter()
     base = Path(base) if base is not None else base_model_folder()
@@ -239,7 +257,7 @@ def build_adapter(recipe: WarmStartRecipe, out: str | os.PathLike, *, base: str 
                        recompute=recompute)
     t_train = time.perf_counter()
     summary = train_sft(model, samples, recipe.sft, work / "sft", progress=progress, pad_id=tokenizer.pad_token_id,
-                        stop_after=stop_after, marker=marker)
+                        stop_after=stop_after, marker=marker, carry=carried / "sft" if carried is not None else None)
     t_train = time.perf_counter() - t_train
     if summary["steps"] < summary["total_steps"]:
         return None
@@ -260,6 +278,12 @@ def build_adapter(recipe: WarmStartRecipe, out: str | os.PathLike, *, base: str 
         "demonstrations": demo_stats, "demonstrations_sha256": samples_sha256(samples), "training": summary, "results": None,
     }
     write_manifest(tmp, manifest)
+    if carried is not None:  # the finished folder and its loss curve replace the carried checkpoint
+        shutil.rmtree(carried / "adapter.tmp", ignore_errors=True)
+        shutil.copytree(tmp, carried / "adapter.tmp")
+        shutil.copyfile(work / "sft" / "loss.csv", carried / "adapter.tmp" / "loss.csv")
+        swap_in(carried / "adapter.tmp", carried / "adapter")
+        shutil.rmtree(carried / "sft", ignore_errors=True)
     swap_in(tmp, out)
     shutil.rmtree(work, ignore_errors=True)
     return manifest
