@@ -10,6 +10,7 @@ trial); in float32 both backends agree token for token and their logprobs within
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 import torch
@@ -334,6 +335,12 @@ def test_the_machine_line_names_the_flags_the_kernels_and_the_precision():
     assert line["native_bf16"] == native_bf16() and line["auto_precision"] == ("bf16" if native_bf16() else "float32")
     assert line["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability() and line["cores"] >= 1
     assert line["vendor"] == cpu_vendor() != "" and line["cpu"] == (cpuinfo("model name") or platform.processor())
+    # torch forced to AVX2 kernels (the stand-in for an AVX2-only machine) takes float32 like one, whatever the flags
+    forced = json.loads(subprocess.run([sys.executable, "-m", "sera_core.utils.hardware"], capture_output=True, text=True,
+                                       check=True, env={**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}).stdout)
+    if platform.machine() == "x86_64":
+        assert forced["torch_cpu_capability"] == "AVX2"
+        assert not forced["native_bf16"] and forced["auto_precision"] == "float32" and forced["flags"] == line["flags"]
 
 
 def test_engine_arguments_bound_memory_and_pin_one_engine_per_process(tmp_path):
