@@ -87,7 +87,7 @@ tiny: setup  ## Rebuild the embedded policy's LoRA adapter from the recipe its m
 	$(BIN)/sera tiny build --out sera_core/assets/embedded
 	$(BIN)/sera tiny measure --out sera_core/assets/embedded --record
 
-tiny-epoch: setup  ## The one-epoch warm start: every demonstration once (about 10 h on 2 cores in float32; rerun to resume; run it under nohup)
+tiny-epoch: setup  ## The one-epoch warm start: every demonstration once (about 10 h on 2 cores in float32, 8.6 h in bf16 with AVX512_BF16; rerun to resume, from builds/ on a new machine: commit builds/ before a session ends; run it under nohup)
 	$(BIN)/sera tiny build --epoch --no-recompute --carry builds
 
 # -k: a failed job (a measurement, a dev run, the fixture) stops none of those beside it; a rerun redoes only what failed.
