@@ -466,3 +466,33 @@ def test_demonstrations_score_failed_children_false_and_keep_one_child_in_n(stan
     gone = {s.prompt_ids for s in every} - {s.prompt_ids for s in kept}
     assert gone and all(s.role == "act" for s in every if s.prompt_ids in gone)
     assert [s for s in every if s.role != "act"] == [s for s in kept if s.role != "act"]
+
+
+def test_frozen_base_weights_cast_once_give_the_same_bf16_gradients(stand_in):
+    """Under bf16 autocast, the LoRA base's frozen linear weights stored in bf16 once
+    (:func:`cast_frozen_linears`, what ``train_sft`` does under bf16) give the gradients that
+    autocast's cast at every call gives, bit for bit; the embedding and the tied output layer
+    stay float32."""
+    from transformers import AutoModelForCausalLM
+
+    from sera_core.tiny.sft import Sample, build_batch, cast_frozen_linears, step_backward
+    from sera_core.tiny.warmstart import lora_model
+    from sera_core.utils.hardware import make_accelerator
+
+    parts = [build_batch([Sample(tuple(range(5, 40)), tuple(range(40, 60)))], 0, 128),
+             build_batch([Sample(tuple(range(60, 70)), tuple(range(7, 30)))], 0, 128)]
+
+    def gradients(cast: bool):
+        model = lora_model(AutoModelForCausalLM.from_pretrained(str(stand_in), dtype=torch.float32),
+                           SMALL_WARMSTART.lora, 0, recompute=False)
+        n = cast_frozen_linears(model, torch.bfloat16) if cast else 0
+        model.train()
+        loss = step_backward(model, parts, make_accelerator("bf16"))[0]
+        return n, model, loss, {k: p.grad for k, p in model.named_parameters() if p.requires_grad}
+
+    _, _, loss, plain = gradients(False)
+    n, model, loss_cast, cast = gradients(True)
+    assert n == 2 * len(SMALL_WARMSTART.lora.targets) and loss_cast == loss
+    assert plain.keys() == cast.keys() and all(torch.equal(plain[k], cast[k]) for k in plain)
+    assert model.get_input_embeddings().weight.dtype == torch.float32 == model.get_output_embeddings().weight.dtype
+    assert cast_frozen_linears(model, torch.bfloat16) == 0  # already cast

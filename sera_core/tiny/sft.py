@@ -307,6 +307,24 @@ def chunked_sft_loss(model, batch: dict[str, torch.Tensor], chunk: int = 1024,
     return total / (w.sum().clamp_min(torch.finfo(w.dtype).tiny) if total_weight is None else total_weight)
 
 
+def cast_frozen_linears(model, dtype: torch.dtype) -> int:
+    """Store the frozen weights of the decoder blocks' linear layers (modules named
+    ``*.layers.*``: the base layers under a LoRA adapter) in ``dtype``; return how many were cast.
+    Under bf16 autocast a weight that does not train is cast afresh at every call (autocast
+    caches only the casts of weights that train), so casting it once gives the same products and
+    gradients, bit for bit (tested), without recasting the base's 106 M weights for every sample
+    in both passes: 12% less time a step on 2 cores of an AMD EPYC with AVX512_BF16 (docs/embedded.md).
+    The embedding, and an output layer tied to it, are left alone: they feed the float32
+    residual stream."""
+    cast = 0
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and ".layers." in f".{name}." and not module.weight.requires_grad \
+                and module.weight.dtype != dtype:
+            module.weight.data = module.weight.data.to(dtype)
+            cast += 1
+    return cast
+
+
 def step_backward(model, parts: Sequence[dict[str, torch.Tensor]], accelerator) -> tuple[float, int, int]:
     """Run one optimizer step's batches (``parts``: :func:`build_batch` outputs) forward and
     backward under ``accelerator``; return the step's loss, learnt tokens and positions
@@ -445,7 +463,8 @@ def train_sft(model, samples: Sequence[Sample], cfg: SFTConfig, out_dir: str | o
     the model, padding excluded), ``seconds`` (training time, all cumulative over resumes),
     ``epochs`` (packed runs: epochs done, a fraction while one is under way), ``precision``
     (``[first step, precision, machine]`` for each stretch of steps) and ``resumed_from``
-    (the checkpoint's step, 0 for a fresh run).
+    (the checkpoint's step, 0 for a fresh run). Under bf16 the frozen linear weights of the
+    model's blocks stay stored in bf16 afterwards (:func:`cast_frozen_linears`).
     """
     from sera_core.utils.hardware import describe, native_bf16
 
@@ -460,6 +479,8 @@ def train_sft(model, samples: Sequence[Sample], cfg: SFTConfig, out_dir: str | o
     plan = packed_steps([len(fit(s, cfg.max_len, marker)[0]) for s in samples], cfg) if cfg.tokens_per_step else None
     total_steps = len(plan) if plan is not None else cfg.steps
     accelerator = make_accelerator(precision)
+    if precision == "bf16":  # the frozen base's products, cast once (the same numbers)
+        cast_frozen_linears(model, torch.bfloat16)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: lr_factor(t, cfg, total_steps))
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
