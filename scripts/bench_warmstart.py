@@ -9,7 +9,8 @@ setting:
   1,536 tokens, right-padded);
 * ``packed 8192``: whole samples packed into steps of at most 8,192 positions, each run
   unpadded (:func:`sera_core.tiny.sft.packed_steps`), with and without activation
-  recomputation, in float32 and in bf16 autocast.
+  recomputation, in float32 and in bf16 autocast (the frozen base's weights stored in bf16
+  once, as the build does: :func:`sera_core.tiny.sft.cast_frozen_linears`).
 
 Reported per setting: positions per second (padding not counted), and the useful GFLOP/s
 against the matmul roofline of the step's precision (a 2,048 x 576 by 576 x 1,536 product,
@@ -39,7 +40,8 @@ from bench_generation import roofline  # noqa: E402
 
 from sera_core.policy.base_model import base_model_folder, load_tokenizer  # noqa: E402
 from sera_core.tiny.demos import demonstrations  # noqa: E402
-from sera_core.tiny.sft import IGNORE, SFTConfig, batch_indices, build_batch, fit, packed_steps, step_backward  # noqa: E402
+from sera_core.tiny.sft import (IGNORE, SFTConfig, batch_indices, build_batch, cast_frozen_linears, fit,  # noqa: E402
+                                packed_steps, step_backward)
 from sera_core.tiny.warmstart import CUT_MARKER, EPOCH_WARMSTART, lora_model  # noqa: E402
 from sera_core.utils.hardware import describe, make_accelerator  # noqa: E402
 
@@ -111,6 +113,8 @@ def main() -> None:
             continue
         model = lora_model(AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32),
                            EPOCH_WARMSTART.lora, 0, recompute=recompute)
+        if precision == "bf16":  # as train_sft does: the frozen base's weights cast once
+            cast_frozen_linears(model, torch.bfloat16)
         model.train()
         step_s, positions, gflops = time_steps(model, steps, precision)
         print(json.dumps({"setting": name, "seconds_per_step": round(step_s, 2),
