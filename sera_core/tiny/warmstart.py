@@ -236,6 +236,7 @@ def build_adapter(recipe: WarmStartRecipe, out: str | os.PathLike, *, base: str 
     out = Path(out)
     name = BASE_NAME if base is None else str(base)
     carried = Path(carry) / recipe.config_hash() if carry is not None else None
+    work, tmp = out.with_name(out.name + ".work"), out.with_name(out.name + ".tmp")
 
     def finished(folder: Path) -> dict | None:
         built = read_manifest(folder) if (folder / "manifest.json").is_file() else {}
@@ -244,11 +245,10 @@ def build_adapter(recipe: WarmStartRecipe, out: str | os.PathLike, *, base: str 
     if (built := finished(out)) is not None:
         return built
     if carried is not None and finished(carried / "adapter") is not None:
-        shutil.rmtree(out.with_name(out.name + ".tmp"), ignore_errors=True)
-        shutil.copytree(carried / "adapter", out.with_name(out.name + ".tmp"), ignore=shutil.ignore_patterns("loss.csv"))
-        swap_in(out.with_name(out.name + ".tmp"), out)
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(carried / "adapter", tmp, ignore=shutil.ignore_patterns("loss.csv"))
+        swap_in(tmp, out)
         return read_manifest(out)
-    work, tmp = out.with_name(out.name + ".work"), out.with_name(out.name + ".tmp")
     t0 = time.perf_counter()
     base = Path(base) if base is not None else base_model_folder()
     tokenizer = load_tokenizer(base)
